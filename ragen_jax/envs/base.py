@@ -1,0 +1,59 @@
+"""What every ragen_jax environment provides on top of a gymnax environment.
+
+A ragen_jax env is a real gymnax ``Environment`` (pure ``reset_env``/``step_env``, jittable,
+vmappable, usable by gymnax wrappers and PureJaxRL-style loops) plus the two things an LLM
+agent needs: the names of its actions (so model text can be mapped to action ids) and a
+host-side text rendering of one state.
+
+Episodes end by ``terminated`` (the task is over) or ``truncated`` (``params.max_steps`` env
+steps taken). gymnax's ``step`` auto-resets on either; the agent loop uses ``step_env``, which
+does not.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, TypeVar
+
+import jax
+import numpy as np
+from gymnax.environments import environment
+
+TState = TypeVar("TState")
+TParams = TypeVar("TParams")
+
+
+class TextEnv(environment.Environment[TState, TParams], Generic[TState, TParams]):
+    """A gymnax environment that an LLM plays through text.
+
+    Subclasses define ``action_names`` (index = action id), ``reset_env``, ``step_env``,
+    ``get_obs`` and ``render_text``. ``step_env`` returns ``info`` with at least ``success``
+    and ``action_is_effective``. Their params dataclass has a ``max_steps`` field.
+    """
+
+    action_names: tuple[str, ...] = ()
+
+    @property
+    def num_actions(self) -> int:
+        return len(self.action_names)
+
+    def action_names_for(self, state: TState) -> tuple[str, ...]:
+        """The action names in force in ``state`` (constant for most envs)."""
+        del state
+        return self.action_names
+
+    def is_truncated(self, state: Any, params: Any) -> jax.Array:
+        return state.time >= params.max_steps
+
+    def render_text(self, state: TState) -> str:
+        """The text the agent reads for one unbatched state (host side)."""
+        raise NotImplementedError(f"{self.name} must implement render_text")
+
+
+def host_state(state: Any) -> Any:
+    """Copies a (device) state pytree to numpy for host-side rendering."""
+    return jax.tree.map(np.asarray, state)
+
+
+def unbatch(state: Any, index: int) -> Any:
+    """Picks element ``index`` of a batched state, as numpy."""
+    return jax.tree.map(lambda x: np.asarray(x[index]), state)
