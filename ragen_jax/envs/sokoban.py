@@ -1,0 +1,480 @@
+"""Sokoban as a pure JAX environment, with RAGEN's dynamics, rewards and text rendering.
+
+Levels are generated inside ``reset`` from the PRNG key, the way gym-sokoban (and RAGEN, which
+adapts it) does: a random-walk room topology, the player and the boxes placed on floor with
+every box on its own target, then reverse play (the player *pulls* boxes) away from the
+solved position. Reverse play makes every level solvable by construction.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from gymnax.environments import spaces
+
+from ragen_jax.envs.base import TextEnv
+
+# Fixed cells (``room_fixed``).
+WALL, FLOOR, TARGET = 0, 1, 2
+# Observation codes, RAGEN's ``room_state`` values plus 6 for the player standing on a target.
+BOX_ON_TARGET, BOX, PLAYER, PLAYER_ON_TARGET = 3, 4, 5, 6
+
+ACTION_NAMES = ("Up", "Down", "Left", "Right")
+DELTAS = np.array([[-1, 0], [1, 0], [0, -1], [0, 1]], np.int32)  # (row, col) per action
+
+GRID_VOCAB = {WALL: "#", FLOOR: "_", TARGET: "O", BOX_ON_TARGET: "√", BOX: "X", PLAYER: "P",
+              PLAYER_ON_TARGET: "S"}
+# RAGEN's SokobanDifferentGridVocab.
+ALT_GRID_VOCAB = {WALL: "W", FLOOR: ".", TARGET: "G", BOX_ON_TARGET: "C", BOX: "B", PLAYER: "A",
+                  PLAYER_ON_TARGET: "@"}
+GRID_VOCABS = {"default": GRID_VOCAB, "alt": ALT_GRID_VOCAB}
+SYMBOL_MEANINGS = {WALL: "wall", FLOOR: "empty", TARGET: "target", BOX_ON_TARGET: "box on target",
+                   BOX: "box", PLAYER: "player", PLAYER_ON_TARGET: "player on target"}
+OBSERVATION_FORMATS = ("grid", "coord", "grid_coord")
+
+# gym-sokoban's five 3x3 floor stamps for the topology random walk.
+_STAMPS = np.array([
+    [[0, 0, 0], [1, 1, 1], [0, 0, 0]],
+    [[0, 1, 0], [0, 1, 0], [0, 1, 0]],
+    [[0, 0, 0], [1, 1, 0], [0, 1, 0]],
+    [[0, 0, 0], [1, 1, 0], [1, 1, 0]],
+    [[0, 0, 0], [0, 1, 1], [0, 1, 0]],
+], bool)
+
+
+@struct.dataclass
+class EnvState:
+    room_fixed: jax.Array  # [H, W] int8: WALL, FLOOR or TARGET
+    boxes: jax.Array  # [H, W] bool
+    player: jax.Array  # [2] int32, (row, col)
+    boxes_on_target: jax.Array  # int32
+    time: jax.Array  # int32, env steps taken
+
+
+@struct.dataclass
+class EnvParams:
+    max_steps: int = 100
+    step_penalty: float = -0.1
+    box_on_target_reward: float = 1.0
+    box_off_target_penalty: float = -1.0
+    finished_reward: float = 10.0
+
+
+class Sokoban(TextEnv[EnvState, EnvParams]):
+    """Push every box onto a target. Actions 0-3: Up, Down, Left, Right.
+
+    Each action is gym-sokoban's push action: the player steps in that direction, pushing a box
+    if one is there and the cell behind it is free; a push into a wall or a second box leaves
+    everything in place. Rewards: ``step_penalty`` every step, ``box_on_target_reward`` when the
+    count of boxes on targets rises, ``box_off_target_penalty`` when it falls, and
+    ``finished_reward`` when all boxes are on targets (terminated). Truncated after
+    ``max_steps`` steps. ``info``: ``success`` (all boxes on targets), ``action_is_effective``
+    (the player moved).
+
+    Differences from RAGEN, all deliberate:
+
+    - Action ids are 0-3 (RAGEN: 1-4); the names and their order are the same.
+    - RAGEN's reverse play is a depth-first search over pull sequences (depth
+      ``search_depth``, at most 300k states) that keeps the state maximising
+      ``box_swaps * total box displacement`` with all targets uncovered. Here ``num_walks``
+      random reverse walks of ``min(walk_length, search_depth - 2)`` pulls run in parallel on
+      device (each step, with probability ``pull_bias``, a random available pull is taken) and the best-scoring state over all of them is kept, with the same score. The
+      difficulty (optimal solution lengths) is compared with gym-sokoban's in
+      ``experiments/bench_envs.py``.
+    - Retries are deterministic: ``num_layouts`` cheap layouts are drawn per try and reverse
+      play runs on the first where some box can be pulled; a try that still fails repeats from
+      ``fold_in(key, try)``. RAGEN retries from Python's per-process salted ``hash``.
+    - The observation for the agent is built host side by ``render_text``; ``get_obs``
+      returns the RAGEN ``room_state`` codes (plus 6 = player on target) as a device array
+      for non-LLM agents.
+    """
+
+    action_names = ACTION_NAMES
+    params_cls = EnvParams
+
+    def __init__(
+        self,
+        dim_room: tuple[int, int] = (6, 6),
+        num_boxes: int = 1,
+        search_depth: int = 300,
+        num_walks: int = 8,
+        walk_length: int = 25,
+        pull_bias: float = 0.5,
+        num_layouts: int = 8,
+        max_tries: int = 8,
+        observation_format: str = "grid",
+        grid_vocab: str = "default",
+    ):
+        height, width = (int(d) for d in dim_room)
+        if height < 5 or width < 5:
+            raise ValueError(f"sokoban: dim_room must be at least (5, 5), got {dim_room}")
+        if not 1 <= num_boxes <= 8:
+            raise ValueError(f"sokoban: num_boxes must be in 1..8, got {num_boxes}")
+        if search_depth < 3:
+            raise ValueError(f"sokoban: search_depth must be >= 3, got {search_depth}")
+        if observation_format not in OBSERVATION_FORMATS:
+            raise ValueError(
+                f"sokoban: observation_format must be one of {OBSERVATION_FORMATS}, "
+                f"got {observation_format!r}")
+        if grid_vocab not in GRID_VOCABS:
+            raise ValueError(f"sokoban: grid_vocab must be one of {tuple(GRID_VOCABS)}, got {grid_vocab!r}")
+        self.dim_room = (height, width)
+        self.num_boxes = int(num_boxes)
+        self.search_depth = int(search_depth)
+        self.num_walks = int(num_walks)
+        self.walk_length = max(1, min(int(walk_length), self.search_depth - 2))
+        self.pull_bias = float(pull_bias)
+        self.num_layouts = int(num_layouts)
+        self.max_tries = int(max_tries)
+        self.num_gen_steps = int(1.7 * (height + width))
+        self.observation_format = observation_format
+        self.grid_vocab = GRID_VOCABS[grid_vocab]
+
+    @property
+    def default_params(self) -> EnvParams:
+        return EnvParams()
+
+    # ------------------------------------------------------------------ dynamics
+
+    def step_env(
+        self, key: jax.Array, state: EnvState, action: int | jax.Array, params: EnvParams
+    ) -> tuple[jax.Array, EnvState, jax.Array, jax.Array, dict[str, Any]]:
+        del key
+        height, width = self.dim_room
+        delta = jnp.asarray(DELTAS)[action]
+        one = jnp.clip(state.player + delta, 0, jnp.array([height - 1, width - 1]))
+        two = jnp.clip(state.player + 2 * delta, 0, jnp.array([height - 1, width - 1]))
+        box_one = state.boxes[one[0], one[1]]
+        floor_one = state.room_fixed[one[0], one[1]] != WALL
+        free_two = (state.room_fixed[two[0], two[1]] != WALL) & ~state.boxes[two[0], two[1]]
+        push = box_one & free_two
+        moved = push | (floor_one & ~box_one)
+        boxes = state.boxes.at[one[0], one[1]].set(box_one & ~push)
+        boxes = boxes.at[two[0], two[1]].set(boxes[two[0], two[1]] | push)
+        player = jnp.where(moved, one, state.player)
+
+        on_target = jnp.sum(boxes & (state.room_fixed == TARGET), dtype=jnp.int32)
+        solved = on_target == self.num_boxes
+        reward = (
+            params.step_penalty
+            + jnp.where(on_target > state.boxes_on_target, params.box_on_target_reward, 0.0)
+            + jnp.where(on_target < state.boxes_on_target, params.box_off_target_penalty, 0.0)
+            + jnp.where(solved, params.finished_reward, 0.0)
+        ).astype(jnp.float32)
+        state = EnvState(state.room_fixed, boxes, player, on_target, state.time + 1)
+        info = {"success": solved, "action_is_effective": moved}
+        return self.get_obs(state), state, reward, solved, info
+
+    def reset_env(self, key: jax.Array, params: EnvParams) -> tuple[jax.Array, EnvState]:
+        """Generates a level from ``key`` (the same key always gives the same level)."""
+        del params
+        _, state = generate_level(
+            key, self.dim_room, self.num_boxes, self.num_gen_steps, self.num_walks,
+            self.walk_length, self.pull_bias, self.num_layouts, self.max_tries)
+        return self.get_obs(state), state
+
+    def is_terminated(self, state: EnvState, params: EnvParams) -> jax.Array:
+        return state.boxes_on_target == self.num_boxes
+
+    def get_obs(self, state: EnvState, params: EnvParams | None = None, key=None) -> jax.Array:
+        """RAGEN's room codes: 0 wall, 1 floor, 2 target, 3 box on target, 4 box, 5 player, 6
+        player on target.  # [H, W] int8"""
+        del params, key
+        return room_codes(state.room_fixed, state.boxes, state.player)
+
+    # ------------------------------------------------------------------ spaces
+
+    def action_space(self, params: EnvParams | None = None) -> spaces.Discrete:
+        return spaces.Discrete(len(ACTION_NAMES))
+
+    def observation_space(self, params: EnvParams) -> spaces.Box:
+        return spaces.Box(0, PLAYER_ON_TARGET, self.dim_room, jnp.int8)
+
+    def state_space(self, params: EnvParams) -> spaces.Dict:
+        height, width = self.dim_room
+        return spaces.Dict({
+            "room_fixed": spaces.Box(WALL, TARGET, self.dim_room, jnp.int8),
+            "boxes": spaces.Box(0, 1, self.dim_room, jnp.bool_),
+            "player": spaces.Box(0, max(height, width) - 1, (2,), jnp.int32),
+            "boxes_on_target": spaces.Discrete(self.num_boxes + 1),
+            "time": spaces.Discrete(params.max_steps + 1),
+        })
+
+    # ------------------------------------------------------------------ text (host side)
+
+    def render_text(self, state: EnvState, observation_format: str | None = None) -> str:
+        """RAGEN's text observation of one unbatched state: ``grid``, ``coord`` or
+        ``grid_coord``."""
+        fmt = observation_format or self.observation_format
+        codes = np.asarray(room_codes(np.asarray(state.room_fixed), np.asarray(state.boxes),
+                                      np.asarray(state.player), xp=np))
+        if fmt == "grid":
+            return "\n".join("".join(self.grid_vocab[int(c)] for c in row) for row in codes)
+        if fmt == "coord":
+            return _coord_text(codes, np.asarray(state.room_fixed))
+        if fmt == "grid_coord":
+            return ("Coordinates: \n" + _coord_text(codes, np.asarray(state.room_fixed))
+                    + "\nGrid Map: \n" + self.render_text(state, "grid"))
+        raise ValueError(f"sokoban: unknown observation_format {fmt!r}")
+
+    def symbol_legend(self) -> str:
+        """``"#: wall, _: empty, ..."``, for the system prompt in grid formats."""
+        return ", ".join(f"{self.grid_vocab[c]}: {SYMBOL_MEANINGS[c]}" for c in SYMBOL_MEANINGS)
+
+
+def room_codes(room_fixed, boxes, player, xp=jnp):
+    """Combines fixed cells, boxes and player into RAGEN's codes (see ``get_obs``)."""
+    codes = xp.where(boxes, xp.where(room_fixed == TARGET, BOX_ON_TARGET, BOX), room_fixed)
+    height, width = room_fixed.shape
+    is_player = (xp.arange(height)[:, None] == player[0]) & (xp.arange(width)[None, :] == player[1])
+    player_code = xp.where(room_fixed == TARGET, PLAYER_ON_TARGET, PLAYER)
+    return xp.where(is_player, player_code, codes).astype(xp.int8)
+
+
+def _coord_text(codes: np.ndarray, room_fixed: np.ndarray) -> str:
+    height, width = codes.shape
+
+    def cells(mask: np.ndarray) -> str:
+        return ", ".join(f"({r}, {c})" for r, c in np.argwhere(mask))
+
+    lines = [f"Board size: {height} rows x {width} cols (zero-indexed)."]
+    for label, mask in (
+        ("Targets", room_fixed == TARGET),
+        ("Boxes", codes == BOX),
+        ("Boxes on target", codes == BOX_ON_TARGET),
+        ("Player", codes == PLAYER),
+        ("Player on target", codes == PLAYER_ON_TARGET),
+    ):
+        if mask.any():
+            lines.append(f"{label}: {cells(mask)}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- level generation
+
+
+def _room_topology(key: jax.Array, dim_room: tuple[int, int], num_steps: int,
+                   p_change_direction: float = 0.35) -> jax.Array:
+    """gym-sokoban's random walk of 3x3 floor stamps; the border is wall.  # [H, W] bool"""
+    height, width = dim_room
+    k_dir, k_pos, k_change, k_new_dir, k_stamp = jax.random.split(key, 5)
+    directions = jnp.array([[1, 0], [0, 1], [-1, 0], [0, -1]], jnp.int32)
+    start = jax.random.randint(k_pos, (2,), 1, jnp.array([height, width]))
+    change = jax.random.uniform(k_change, (num_steps,)) < p_change_direction
+    new_dir = jax.random.randint(k_new_dir, (num_steps,), 0, 4)
+    stamp = jax.random.randint(k_stamp, (num_steps,), 0, len(_STAMPS))
+    stamps = jnp.asarray(_STAMPS)
+    low, high = jnp.array([1, 1]), jnp.array([height - 2, width - 2])
+
+    def walk(carry, xs):
+        level, pos, direction = carry
+        change_t, new_dir_t, stamp_t = xs
+        direction = jnp.where(change_t, new_dir_t, direction)
+        pos = jnp.clip(pos + directions[direction], low, high)
+        corner = pos - 1
+        patch = jax.lax.dynamic_slice(level, (corner[0], corner[1]), (3, 3)) | stamps[stamp_t]
+        return (jax.lax.dynamic_update_slice(level, patch, (corner[0], corner[1])), pos, direction), None
+
+    first_dir = jax.random.randint(k_dir, (), 0, 4)
+    level0 = jnp.zeros(dim_room, bool)
+    (level, _, _), _ = jax.lax.scan(walk, (level0, start, first_dir), (change, new_dir, stamp))
+    rows = jnp.arange(height)[:, None]
+    cols = jnp.arange(width)[None, :]
+    interior = (rows > 0) & (rows < height - 1) & (cols > 0) & (cols < width - 1)
+    return level & interior
+
+
+def _reverse_walks(key, floor, player, targets, num_walks, walk_length, pull_bias):
+    """Random reverse play from the solved position: each step tries to *pull*: the player
+    steps to a free cell and drags the box behind it, if any.
+
+    Tracks RAGEN's score ``box_swaps * sum |box - its target|_1`` (zero unless every target is
+    uncovered; a swap is a pull of a different box than the previous pull) and returns the
+    best state over all walks and steps, as (score, player [2], boxes [N, 2]).
+    """
+    height, width = floor.shape
+    num_boxes = targets.shape[0]
+    deltas = jnp.asarray(DELTAS)
+    k_action, k_prefer, k_choice = jax.random.split(key, 3)
+    random_action = jax.random.randint(k_action, (walk_length, num_walks), 0, 4)
+    prefer_pull = jax.random.uniform(k_prefer, (walk_length, num_walks)) < pull_bias
+    pull_noise = jax.random.uniform(k_choice, (walk_length, num_walks, 4))
+
+    def pull(carry, xs):  # one step of every walk
+        pos, boxes, last, swaps, best = carry  # [K,2] [K,N,2] [K] [K] (score, pos, boxes)
+        action, prefer, noise = xs  # [K], [K], [K, 4]
+        # With probability pull_bias, make a random one of the available pulls (if any).
+        behind = pos[:, None, :] - deltas[None]  # [K, 4, 2]
+        box_behind = jnp.all(boxes[:, None, :, :] == behind[:, :, None, :], -1).any(-1)  # [K, 4]
+        ahead = jnp.clip(pos[:, None, :] + deltas[None], 0, jnp.array([height - 1, width - 1]))
+        box_ahead = jnp.all(boxes[:, None, :, :] == ahead[:, :, None, :], -1).any(-1)
+        can_pull = box_behind & floor[ahead[..., 0], ahead[..., 1]] & ~box_ahead  # [K, 4]
+        some_pull = jnp.argmax(jnp.where(can_pull, noise, -1.0), -1)
+        action = jnp.where(prefer & can_pull.any(-1), some_pull, action)
+        delta = deltas[action]  # [K, 2]
+        nxt = pos + delta
+        nxt_c = jnp.clip(nxt, 0, jnp.array([height - 1, width - 1]))
+        box_at_nxt = jnp.all(boxes == nxt[:, None, :], axis=-1).any(-1)
+        free = floor[nxt_c[:, 0], nxt_c[:, 1]] & ~box_at_nxt  # [K]
+        pulled = jnp.all(boxes == (pos - delta)[:, None, :], axis=-1) & free[:, None]  # [K, N]
+        boxes = jnp.where(pulled[..., None], pos[:, None, :], boxes)
+        pos = jnp.where(free[:, None], nxt, pos)
+        any_pulled = pulled.any(-1)
+        which = jnp.argmax(pulled, axis=-1)
+        swaps = swaps + (any_pulled & (which != last))
+        last = jnp.where(any_pulled, which, last)
+        displacement = jnp.abs(boxes - targets[None]).sum((-1, -2))
+        covered = jnp.all(boxes[:, :, None, :] == targets[None, None], axis=-1).any((1, 2))
+        score = jnp.where(covered, 0, swaps * displacement)
+        best_score, best_pos, best_boxes = best
+        better = score > best_score
+        best = (jnp.where(better, score, best_score),
+                jnp.where(better[:, None], pos, best_pos),
+                jnp.where(better[:, None, None], boxes, best_boxes))
+        return (pos, boxes, last, swaps, best), None
+
+    pos0 = jnp.broadcast_to(player, (num_walks, 2))
+    boxes0 = jnp.broadcast_to(targets, (num_walks, num_boxes, 2))
+    zeros = jnp.zeros(num_walks, jnp.int32)
+    carry0 = (pos0, boxes0, zeros - 1, zeros, (zeros, pos0, boxes0))
+    (_, _, _, _, (scores, pos, boxes)), _ = jax.lax.scan(pull, carry0, (random_action, prefer_pull, pull_noise))
+    best = jnp.argmax(scores)
+    return scores[best], pos[best], boxes[best]
+
+
+def _wander(key, floor, boxes_grid, player, displacement, max_moves=3):
+    """RAGEN's finishing touch: the player, who ends reverse play next to a box, walks 1-3
+    non-revisiting steps with probability 0.8 (total displacement 1) or 0.5, each further step
+    with probability 0.5."""
+    k_move, k_steps = jax.random.split(key)
+    p_move = jnp.where(displacement == 1, 0.8, 0.5)
+    active = jax.random.uniform(k_move) < p_move
+    deltas = jnp.asarray(DELTAS)
+    height, width = floor.shape
+    visited = jnp.zeros((height, width), bool).at[player[0], player[1]].set(True)
+
+    def step(i, carry):
+        pos, visited, active = carry
+        k_choice, k_go_on = jax.random.split(jax.random.fold_in(k_steps, i))
+        nxt = jnp.clip(pos[None] + deltas, 0, jnp.array([height - 1, width - 1]))  # [4, 2]
+        ok = floor[nxt[:, 0], nxt[:, 1]] & ~boxes_grid[nxt[:, 0], nxt[:, 1]] & ~visited[nxt[:, 0], nxt[:, 1]]
+        choice = jnp.argmax(jnp.where(ok, jax.random.uniform(k_choice, (4,)), -1.0))
+        go = active & ok.any()
+        pos = jnp.where(go, nxt[choice], pos)
+        visited = visited.at[pos[0], pos[1]].set(True)
+        active = go & (jax.random.uniform(k_go_on) < 0.5)
+        return pos, visited, active
+
+    pos, _, _ = jax.lax.fori_loop(0, max_moves, step, (player, visited, active))
+    return pos
+
+
+def _layout(key, dim_room, num_boxes, num_gen_steps):
+    """Topology plus player and targets (boxes start on them). Cheap; returns
+    (floor [H, W] bool, player [2], targets [N, 2], plausible) where ``plausible`` says the room
+    has enough floor and the player can reach a cell from which some box can be pulled (without
+    which reverse play cannot move any box)."""
+    height, width = dim_room
+    k_topo, k_place = jax.random.split(key)
+    floor = _room_topology(k_topo, dim_room, num_gen_steps)
+    # Player, then targets on distinct floor cells, each uniform (argmax of iid noise).
+    noise = jax.random.uniform(k_place, (height * width,))
+    flat_floor = floor.reshape(-1)
+    player_flat = jnp.argmax(jnp.where(flat_floor, noise, -1.0))
+    free = flat_floor.at[player_flat].set(False)
+    _, target_flat = jax.lax.top_k(jnp.where(free, noise, -1.0), num_boxes)
+    player = jnp.stack(jnp.divmod(player_flat, width)).astype(jnp.int32)
+    targets = jnp.stack(jnp.divmod(target_flat, width), axis=-1).astype(jnp.int32)  # [N, 2]
+
+    boxes = jnp.zeros(dim_room, bool).at[targets[:, 0], targets[:, 1]].set(True)
+    passable = floor & ~boxes
+    reach = _flood_fill(passable, player)
+    # A pull from direction d: player on box + d (reachable), stepping to box + 2d (passable).
+    stand = jnp.zeros(dim_room, bool)
+    for dr, dc in DELTAS:
+        stand |= _shift(boxes, int(dr), int(dc)) & reach & _shift(passable, -int(dr), -int(dc))
+    # Reverse play starts from a random such cell: the player could walk there, and walking
+    # adds no reachable state, so this only saves search steps.
+    k_stand = jax.random.fold_in(k_place, 1)
+    stand_noise = jax.random.uniform(k_stand, (height * width,))
+    stand_flat = jnp.argmax(jnp.where(stand.reshape(-1), stand_noise, -1.0))
+    pullable = jnp.any(stand)
+    player = jnp.where(pullable, jnp.stack(jnp.divmod(stand_flat, width)).astype(jnp.int32), player)
+    enough_floor = jnp.sum(flat_floor) > num_boxes + 1
+    return floor, player, targets, enough_floor & pullable
+
+
+def _shift(grid: jax.Array, dr: int, dc: int) -> jax.Array:
+    """``out[r, c] = grid[r - dr, c - dc]`` (False outside the grid)."""
+    out = jnp.roll(grid, (dr, dc), axis=(0, 1))
+    height, width = grid.shape
+    rows = jnp.arange(height)[:, None] - dr
+    cols = jnp.arange(width)[None, :] - dc
+    return out & (rows >= 0) & (rows < height) & (cols >= 0) & (cols < width)
+
+
+def _flood_fill(passable: jax.Array, start: jax.Array) -> jax.Array:
+    """Cells reachable from ``start`` through ``passable`` cells.  # [H, W] bool"""
+    seed = jnp.zeros_like(passable).at[start[0], start[1]].set(True)
+
+    def grow(carry):
+        reach, _ = carry
+        bigger = reach | _shift(reach, 1, 0) | _shift(reach, -1, 0) | _shift(reach, 0, 1) | _shift(reach, 0, -1)
+        bigger &= passable | seed
+        return bigger, jnp.any(bigger != reach)
+
+    reach, _ = jax.lax.while_loop(lambda c: c[1], grow, (seed, jnp.bool_(True)))
+    return reach
+
+
+def _finish(key, dim_room, layout, num_walks, walk_length, pull_bias):
+    """Reverse play and the player's wander on a layout. Returns (ok, EnvState)."""
+    floor, player, targets, plausible = layout
+    k_walks, k_wander = jax.random.split(key)
+    score, player, boxes = _reverse_walks(k_walks, floor, player, targets, num_walks, walk_length,
+                                          pull_bias)
+    boxes_grid = jnp.zeros(dim_room, bool).at[boxes[:, 0], boxes[:, 1]].set(True)
+    displacement = jnp.abs(boxes - targets).sum()
+    player = _wander(k_wander, floor, boxes_grid, player, displacement)
+    room_fixed = jnp.where(floor, FLOOR, WALL).astype(jnp.int8)
+    room_fixed = room_fixed.at[targets[:, 0], targets[:, 1]].set(TARGET)
+    state = EnvState(room_fixed, boxes_grid, player, jnp.int32(0), jnp.int32(0))
+    return plausible & (score > 0), state
+
+
+@partial(jax.jit, static_argnums=tuple(range(1, 9)))
+def generate_level(key: jax.Array, dim_room: tuple[int, int], num_boxes: int, num_gen_steps: int,
+                   num_walks: int, walk_length: int, pull_bias: float, num_layouts: int,
+                   max_tries: int) -> tuple[jax.Array, EnvState]:
+    """A solvable, unsolved level from ``key``. Returns (ok, state).
+
+    ``num_layouts`` cheap layouts are drawn at once and reverse play runs on the first
+    plausible one, so the costly search runs once per level in almost every case. If it still
+    fails to uncover all targets, the whole procedure retries from ``fold_in(key, try)``, at
+    most ``max_tries`` times; ``ok`` is False only if every try failed (then the boxes may sit
+    on their targets).
+    """
+
+    def attempt(attempt_key):
+        k_layouts, k_finish = jax.random.split(attempt_key)
+        layouts = jax.vmap(lambda k: _layout(k, dim_room, num_boxes, num_gen_steps))(
+            jax.random.split(k_layouts, num_layouts))
+        first = jnp.argmax(layouts[3])
+        return _finish(k_finish, dim_room, jax.tree.map(lambda x: x[first], layouts),
+                       num_walks, walk_length, pull_bias)
+
+    def retry(carry):
+        tries, _, _ = carry
+        ok, state = attempt(jax.random.fold_in(key, tries))
+        return tries + 1, ok, state
+
+    blank = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                         jax.eval_shape(attempt, key)[1])
+    _, ok, state = jax.lax.while_loop(
+        lambda c: ~c[1] & (c[0] < max_tries), retry, (jnp.int32(0), jnp.bool_(False), blank))
+    return ok, state

@@ -1,0 +1,251 @@
+"""Sokoban: dynamics against a plain-Python reference, level generation, rendering."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ragen_jax.envs.sokoban import Sokoban, generate_level
+from ragen_jax.envs.sokoban_solver import solve
+
+MOVES = [(-1, 0), (1, 0), (0, -1), (0, 1)]
+
+
+# One instance per configuration, so jitted functions compile once per test session.
+ENV = Sokoban()
+ENV8 = Sokoban(dim_room=(8, 8), num_boxes=2)
+BATCHED_RESET = {e: jax.jit(jax.vmap(e.reset_env, in_axes=(0, None))) for e in (ENV, ENV8)}
+BATCHED_STEP = jax.jit(jax.vmap(ENV.step_env, in_axes=(0, 0, 0, None)))
+STEP = {e: jax.jit(e.step_env) for e in (ENV, ENV8)}
+
+
+class ReferenceSokoban:
+    """gym-sokoban's push dynamics and rewards on a codes grid, written independently."""
+
+    def __init__(self, codes: np.ndarray, max_steps: int = 100):
+        codes = np.array(codes, dtype=int)
+        self.fixed = np.where(np.isin(codes, (2, 3, 6)), 2, np.where(codes == 0, 0, 1))
+        self.boxes = {tuple(p) for p in np.argwhere(np.isin(codes, (3, 4)))}
+        self.player = tuple(np.argwhere(np.isin(codes, (5, 6)))[0])
+        self.num_boxes = len(self.boxes)
+        self.on_target = self._count()
+        self.steps = 0
+        self.max_steps = max_steps
+
+    def _count(self) -> int:
+        return sum(self.fixed[b] == 2 for b in self.boxes)
+
+    def step(self, action: int):
+        dr, dc = MOVES[action]
+        one = (self.player[0] + dr, self.player[1] + dc)
+        two = (one[0] + dr, one[1] + dc)
+        moved = False
+        if one in self.boxes:
+            if self.fixed[two] != 0 and two not in self.boxes:
+                self.boxes = (self.boxes - {one}) | {two}
+                self.player, moved = one, True
+        elif self.fixed[one] != 0:
+            self.player, moved = one, True
+        self.steps += 1
+        count = self._count()
+        reward = -0.1
+        if count > self.on_target:
+            reward += 1.0
+        elif count < self.on_target:
+            reward -= 1.0
+        solved = count == self.num_boxes
+        if solved:
+            reward += 10.0
+        self.on_target = count
+        return reward, solved, self.steps >= self.max_steps, moved
+
+    def codes(self) -> np.ndarray:
+        out = self.fixed.copy()
+        for b in self.boxes:
+            out[b] = 3 if self.fixed[b] == 2 else 4
+        out[self.player] = 6 if self.fixed[self.player] == 2 else 5
+        return out
+
+
+@pytest.mark.parametrize("env", [ENV, ENV8], ids=["6x6-1box", "8x8-2boxes"])
+def test_step_matches_python_reference(env):
+    params = env.default_params.replace(max_steps=40)
+    n_envs, n_steps = 64, 60
+    _, state = BATCHED_RESET[env](jax.random.split(jax.random.key(1), n_envs), params)
+    actions = np.asarray(jax.random.randint(jax.random.key(2), (n_steps, n_envs), 0, 4))
+    step = jax.vmap(STEP[env], in_axes=(None, 0, 0, None))
+    codes0 = np.asarray(jax.vmap(env.get_obs)(state))
+    refs = [ReferenceSokoban(codes0[i], 40) for i in range(n_envs)]
+    for t in range(n_steps):
+        obs, state, reward, terminated, info = step(jax.random.key(0), state, jnp.asarray(actions[t]), params)
+        truncated = jax.vmap(env.is_truncated, in_axes=(0, None))(state, params)
+        obs, reward, terminated, truncated, info = jax.device_get((obs, reward, terminated, truncated, info))
+        for i, ref in enumerate(refs):
+            if ref.steps >= ref.max_steps or ref.on_target == ref.num_boxes:
+                continue  # the reference episode ended; the JAX env is not stepped past an end in use
+            r, solved, trunc, moved = ref.step(int(actions[t, i]))
+            np.testing.assert_array_equal(np.asarray(obs[i]), ref.codes())
+            assert float(reward[i]) == pytest.approx(r, abs=1e-6)
+            assert bool(terminated[i]) == solved == bool(info["success"][i])
+            assert bool(truncated[i]) == trunc
+            assert bool(info["action_is_effective"][i]) == moved
+
+
+def test_reference_sees_box_pushes():
+    """The comparison above is only meaningful if random play pushes boxes and scores."""
+    env = ENV
+    _, state = BATCHED_RESET[env](jax.random.split(jax.random.key(1), 64), env.default_params)
+    rewards = []
+    codes0 = np.asarray(jax.vmap(env.get_obs)(state))
+    for i in range(64):
+        ref = ReferenceSokoban(codes0[i])
+        rng = np.random.default_rng(i)
+        rewards += [ref.step(int(a))[0] for a in rng.integers(0, 4, 60)]
+    assert any(r > 0 for r in rewards) and any(r < -0.5 for r in rewards)
+
+
+def test_generate_level_reports_success():
+    keys = jax.random.split(jax.random.key(5), 256)
+    ok, _ = jax.jit(jax.vmap(lambda k: generate_level(k, (6, 6), 1, 20, 8, 25, 0.5, 8, 8)))(keys)
+    assert bool(np.all(ok))
+    # With a single try of a single layout, some levels must fail (gym-sokoban: ~17%).
+    ok, _ = jax.jit(jax.vmap(lambda k: generate_level(k, (6, 6), 1, 20, 8, 25, 0.5, 1, 1)))(keys)
+    assert 0.02 < 1 - float(np.mean(ok)) < 0.4
+
+
+@pytest.mark.parametrize("env,n", [(ENV, 200), (ENV8, 200)], ids=["6x6-1box", "8x8-2boxes"])
+def test_levels_are_solvable_and_unsolved(env, n):
+    _, states = BATCHED_RESET[env](jax.random.split(jax.random.key(0), n), env.default_params)
+    step = STEP[env]
+    host = jax.device_get(states)
+    lengths = []
+    for i in range(n):
+        s = jax.tree.map(lambda x, i=i: x[i], host)
+        fixed, boxes = np.asarray(s.room_fixed), np.asarray(s.boxes)
+        assert boxes.sum() == env.num_boxes
+        assert (fixed == 2).sum() == env.num_boxes
+        assert not np.all(fixed[boxes] == 2), "level starts solved"
+        assert fixed[tuple(np.asarray(s.player))] != 0 and not boxes[tuple(np.asarray(s.player))]
+        plan = solve(fixed, boxes, np.asarray(s.player))
+        assert plan, f"level {i} has no solution"
+        lengths.append(len(plan))
+        if i < 20:  # replaying the solver's plan in the JAX env solves the level
+            for a in plan:
+                _, s, _, done, info = step(jax.random.key(0), s, a, env.default_params)
+            assert bool(done) and bool(info["success"])
+    assert np.mean(lengths) > 2.5  # not trivially easy
+
+
+def test_same_key_same_level_and_keys_differ():
+    env = ENV
+    params = env.default_params
+    _, a = env.reset(jax.random.key(7), params)
+    _, b = env.reset(jax.random.key(7), params)
+    chex_equal = jax.tree.map(lambda x, y: np.array_equal(np.asarray(x), np.asarray(y)), a, b)
+    assert all(jax.tree.leaves(chex_equal))
+    _, many = BATCHED_RESET[env](jax.random.split(jax.random.key(8), 200), params)
+    obs = np.asarray(jax.vmap(env.get_obs)(many)).reshape(200, -1)
+    assert len({row.tobytes() for row in obs}) >= 190
+
+
+def test_solver_optimal_on_hand_level():
+    # Player must walk around the box to push it left onto the target: 2 pushes + detour.
+    fixed = np.array([
+        [0, 0, 0, 0, 0, 0],
+        [0, 1, 1, 1, 1, 0],
+        [0, 2, 1, 1, 1, 0],
+        [0, 1, 1, 1, 1, 0],
+        [0, 0, 0, 0, 0, 0]])
+    boxes = np.zeros_like(fixed, bool)
+    boxes[2, 3] = True
+    assert solve(fixed, boxes, (2, 4)) == [2, 2]  # Left, Left
+    assert len(solve(fixed, boxes, (1, 1))) == 6  # Right, Right, Right, Down, Left, Left
+    walled = fixed.copy()
+    walled[2, 2] = 0
+    walled[1, 2] = 0
+    walled[3, 2] = 0
+    assert solve(walled, boxes, (2, 4)) is None
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), actions=st.lists(st.integers(0, 3), min_size=1, max_size=40))
+def test_invariants(seed, actions):
+    env, step = ENV, STEP[ENV]
+    params = env.default_params
+    _, state = env.reset(jax.random.key(seed), params)
+    fixed = np.asarray(state.room_fixed)
+    total = 0.0
+    prev_on = 0
+    for a in actions:
+        _, state, reward, done, info = step(jax.random.key(0), state, a, params)
+        boxes = np.asarray(state.boxes)
+        player = tuple(np.asarray(state.player))
+        assert boxes.sum() == env.num_boxes  # boxes conserved
+        assert fixed[player] != 0 and not boxes[player]  # player on free floor
+        assert not np.any(boxes & (fixed == 0))  # no box in a wall
+        on = int((boxes & (fixed == 2)).sum())
+        expected = -0.1 + (1.0 if on > prev_on else -1.0 if on < prev_on else 0.0) + (10.0 if on == env.num_boxes else 0.0)
+        assert float(reward) == pytest.approx(expected, abs=1e-6)
+        total += float(reward)
+        prev_on = on
+        if bool(done):
+            break
+    assert total >= -0.1 * len(actions) - 1.0 * env.num_boxes * len(actions)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_jit_and_vmap_match_unbatched(seed):
+    env = ENV
+    params = env.default_params
+    keys = jax.random.split(jax.random.key(seed), 4)
+    actions = jnp.array([0, 1, 2, 3])
+    obs_b, st_b = BATCHED_RESET[env](keys, params)
+    out_b = BATCHED_STEP(keys, st_b, actions, params)
+    for i in range(4):
+        obs, s = env.reset(keys[i], params)
+        np.testing.assert_array_equal(np.asarray(obs), np.asarray(obs_b[i]))
+        out = env.step_env(keys[i], s, actions[i], params)  # not jitted
+        for x, y in zip(jax.tree.leaves(out), jax.tree.leaves(out_b), strict=True):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y[i]))
+
+
+def test_gymnax_step_autoresets_and_spaces():
+    env = ENV
+    params = env.default_params.replace(max_steps=3)
+    obs, state = env.reset(jax.random.key(0), params)
+    assert env.observation_space(params).contains(obs)
+    for t in range(3):
+        obs, state, reward, terminated, truncated, info = env.step(jax.random.key(t), state, 0, params)
+    assert bool(truncated) and int(state.time) == 0  # auto-reset after the time limit
+    assert env.action_space(params).n == 4 == len(env.action_names)
+
+
+def test_render_formats():
+    env = ENV
+    _, state = env.reset(jax.random.key(3), env.default_params)
+    grid = env.render_text(state)
+    rows = grid.split("\n")
+    assert len(rows) == 6 and all(len(r) == 6 for r in rows)
+    assert set(grid) <= set("#_O√XPS\n") and grid.count("X") == 1 and grid.count("O") == 1
+    assert "P" in grid
+    coord = env.render_text(state, "coord")
+    assert coord.startswith("Board size: 6 rows x 6 cols (zero-indexed).")
+    r, c = np.asarray(state.player)
+    assert f"Player: ({r}, {c})" in coord
+    both = env.render_text(state, "grid_coord")
+    assert both == "Coordinates: \n" + coord + "\nGrid Map: \n" + grid
+    alt = Sokoban(grid_vocab="alt").render_text(state)
+    assert alt == grid.translate(str.maketrans("#_O√XPS", "W.GCBA@"))
+    assert env.symbol_legend().startswith("#: wall, _: empty, O: target")
+
+
+def test_bad_params_name_the_field():
+    with pytest.raises(ValueError, match="observation_format"):
+        Sokoban(observation_format="pixels")
+    with pytest.raises(ValueError, match="num_boxes"):
+        Sokoban(num_boxes=0)
