@@ -90,8 +90,8 @@ def test_dynamics_match_reference(hi_arm_prob):
 
 
 def test_payoff_means_within_binomial_bounds():
-    reset_keys, step_keys, _ = keys_actions(100)
-    _, state0 = jax.vmap(ENV.reset_env, in_axes=(0, None))(reset_keys, PARAMS)
+    reset_keys, step_keys, actions = keys_actions(100)
+    _, state0, *_ = batched_episode(reset_keys, step_keys, actions, PARAMS)
     hi_action = jnp.where(state0.hi_first, 0, 1)
     rewards, successes = [], []
     for actions in (hi_action, 1 - hi_action):
@@ -140,7 +140,7 @@ def test_train_and_test_names_are_disjoint():
 def test_phoenix_dragon_variant():
     env = Bandit(variant="phoenix_dragon")
     keys = jax.random.split(jax.random.key(3), 200)
-    _, states = jax.vmap(env.reset_env, in_axes=(0, None))(keys, PARAMS)
+    _, states = jax.jit(jax.vmap(env.reset_env, in_axes=(0, None)))(keys, PARAMS)
     orders = {env.action_names_for(one(states, i)) for i in range(200)}
     assert orders == {("Phoenix", "Dragon"), ("Dragon", "Phoenix")}
     state = one(states, 0)
@@ -212,11 +212,11 @@ def test_jit_and_vmap_match_unbatched(seed, actions):
     reset_keys = jax.random.split(jax.random.key(seed), 3)
     step_keys = jax.random.split(reset_keys[0], 3)
     batched = small_batch(reset_keys, step_keys, jnp.array(actions), PARAMS)
+    plain = reset_then_step(reset_keys[0], step_keys[0], actions[0], PARAMS)  # eager
+    assert_trees_equal(plain, jit_reset_then_step(reset_keys[0], step_keys[0], actions[0], PARAMS))
     for i in range(3):
-        plain = reset_then_step(reset_keys[i], step_keys[i], actions[i], PARAMS)
         jitted = jit_reset_then_step(reset_keys[i], step_keys[i], actions[i], PARAMS)
-        for other in (jitted, jax.tree.map(lambda x, i=i: x[i], batched)):
-            assert_trees_equal(plain, other)
+        assert_trees_equal(jitted, jax.tree.map(lambda x, i=i: x[i], batched))
 
 
 @settings(max_examples=25, deadline=None)

@@ -193,6 +193,8 @@ def test_every_map_has_a_path(size, p, maps4, maps6):
         assert not holes[start[0]][start[1]] and not holes[goal[0]][goal[1]]
         assert bfs_path_exists(holes, start, goal)
         hole_count += sum(map(sum, holes))
+        # Maps are redrawn, not patched: the no-hole fallback must not fire at ordinary p.
+        assert size == 4 or any(map(any, holes))
     assert np.all(states.time == 0)
     # Holes appear at about the drawn rate (a little less: maps without a path are redrawn).
     hole_rate = hole_count / (n * (size * size - 2))
@@ -236,9 +238,12 @@ def open_board_state(player=(1, 1)):
                     time=jnp.int32(0))
 
 
+SLIP_N = 8000  # samples per action
+
+
 @pytest.mark.parametrize("success_rate", [0.8, 0.5, 1.0 / 3.0])
 def test_slip_frequencies_match_success_rate(success_rate):
-    n = 8000  # per action
+    n = SLIP_N
     params = PARAMS.replace(success_rate=success_rate)
     actions = jnp.repeat(jnp.arange(4), n)
     keys = jax.random.split(jax.random.key(int(success_rate * 1000)), 4 * n)
@@ -259,9 +264,9 @@ def test_slip_frequencies_match_success_rate(success_rate):
 
 def test_not_slippery_is_deterministic():
     params = PARAMS.replace(is_slippery=False)
-    actions = jnp.repeat(jnp.arange(4), 200)
-    _, state, _, _, info = step_many(jax.random.split(jax.random.key(0), 800), open_board_state(),
-                                     actions, params)
+    actions = jnp.repeat(jnp.arange(4), SLIP_N)
+    _, state, _, _, info = step_many(jax.random.split(jax.random.key(0), 4 * SLIP_N),
+                                     open_board_state(), actions, params)
     expected = np.array([[1 + REF_DELTAS[a][0], 1 + REF_DELTAS[a][1]] for a in np.asarray(actions)])
     np.testing.assert_array_equal(np.asarray(state.player), expected)
     np.testing.assert_array_equal(np.asarray(info["move"]), np.asarray(actions))
