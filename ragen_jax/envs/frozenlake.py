@@ -1,0 +1,267 @@
+"""FrozenLake as a pure JAX environment, with RAGEN's dynamics, rewards and text rendering.
+
+RAGEN wraps gymnasium's ``FrozenLakeEnv`` on a random map: tiles are frozen with probability
+``p``, start and goal are distinct random cells, and the map is redrawn until the goal can be
+reached from the start. Here the map is drawn inside ``reset`` from the PRNG key (redraws use
+keys split from it, so the same key always gives the same map), and reachability is a flood
+fill in a ``lax.while_loop``, so ``vmap(reset)`` builds a batch of different maps on device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from gymnax.environments import spaces
+
+from ragen_jax.envs.base import TextEnv
+
+# Observation codes (RAGEN's ``GRID_LOOKUP`` order).
+PLAYER, FROZEN, HOLE, GOAL, PLAYER_IN_HOLE, PLAYER_ON_GOAL = 0, 1, 2, 3, 4, 5
+SYMBOLS = ("P", "_", "O", "G", "X", "√")  # index = observation code
+
+ACTION_NAMES = ("Left", "Down", "Right", "Up")  # gymnasium's action ids 0-3, same order
+DELTAS = np.array([[0, -1], [1, 0], [0, 1], [-1, 0]], np.int32)  # [4, 2] (row, col) per action
+OBSERVATION_FORMATS = ("grid", "coord")
+
+# Map redraws before giving up and clearing every hole (only reachable for tiny ``p``).
+MAX_MAP_DRAWS = 1000
+
+
+@struct.dataclass
+class EnvState:
+    holes: jax.Array  # [n, n] bool; start and goal are never holes
+    start: jax.Array  # [2] int32, (row, col)
+    goal: jax.Array  # [2] int32, (row, col); != start
+    player: jax.Array  # [2] int32, (row, col)
+    time: jax.Array  # int32, env steps taken
+
+
+@struct.dataclass
+class EnvParams:
+    max_steps: int = 100
+    p: float = 0.9  # probability that a tile is frozen when the map is drawn
+    is_slippery: bool = True
+    success_rate: float = 0.8  # P(intended move) when slippery; each perpendicular (1 - it) / 2
+    goal_reward: float = 1.0
+
+
+def _neighbours(mask: jax.Array) -> jax.Array:
+    """Cells 4-adjacent to a cell of ``mask`` [n, n] bool (or in it)."""
+    padded = jnp.pad(mask, 1)  # [n+2, n+2]
+    return (mask | padded[:-2, 1:-1] | padded[2:, 1:-1] | padded[1:-1, :-2] | padded[1:-1, 2:])
+
+
+def reachable(passable: jax.Array, start: jax.Array) -> jax.Array:
+    """Flood fill: the cells [n, n] bool reachable from ``start`` [2] through ``passable`` cells."""
+    seed = jnp.zeros_like(passable).at[start[0], start[1]].set(True)
+
+    def cond(carry: tuple[jax.Array, jax.Array]) -> jax.Array:
+        reach, previous = carry
+        return jnp.any(reach != previous)
+
+    def body(carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        reach, _ = carry
+        return _neighbours(reach) & passable, reach
+
+    reach, _ = jax.lax.while_loop(cond, body, (seed, jnp.zeros_like(seed)))
+    return reach
+
+
+def _draw_map(key: jax.Array, size: int, p: jax.Array) -> tuple[jax.Array, ...]:
+    """One candidate map: holes [n, n] bool, start [2], goal [2], and whether a path exists."""
+    key_tiles, key_ends = jax.random.split(key)
+    holes = jax.random.uniform(key_tiles, (size, size)) >= p
+    cells = jax.random.choice(key_ends, size * size, (2,), replace=False)
+    start = jnp.stack([cells[0] // size, cells[0] % size]).astype(jnp.int32)
+    goal = jnp.stack([cells[1] // size, cells[1] % size]).astype(jnp.int32)
+    holes = holes.at[start[0], start[1]].set(False).at[goal[0], goal[1]].set(False)
+    ok = reachable(~holes, start)[goal[0], goal[1]]
+    return holes, start, goal, ok
+
+
+class FrozenLake(TextEnv[EnvState, EnvParams]):
+    """Walk from the start to the goal over a frozen lake without falling into a hole.
+
+    Actions 0-3: Left, Down, Right, Up. On a slippery lake the intended move happens with
+    probability ``success_rate`` and each perpendicular move with ``(1 - success_rate) / 2``
+    (gymnasium's ``success_rate`` semantics); a move off the board leaves the player in place.
+    Reward ``goal_reward`` (1) on reaching the goal, 0 otherwise; terminated in a hole or at the
+    goal; truncated after ``max_steps`` steps. A hole or the goal is absorbing: stepping there
+    does not move the player and pays 0. ``info``: ``success`` (player on the goal),
+    ``action_is_effective`` (the player moved) and ``move`` (the direction actually taken,
+    which differs from the action after a slip).
+
+    Observation (``get_obs``): the [size, size] int8 grid of codes into ``SYMBOLS``
+    (``P _ O G X √``: player, frozen incl. the start, hole, goal, player in hole, player on goal).
+    Text (``render_text``): ``grid`` (the symbols, rows joined by newlines) or ``coord`` (board
+    size, start, goal, player and holes as ``(row, col)``).
+
+    Differences from RAGEN, all deliberate:
+
+    - Action ids are 0-3 (RAGEN's are 1-4, mapped to gymnasium's 0-3); order and names agree.
+    - The map comes from the reset key through JAX's PRNG, not NumPy's, so a seed gives a
+      different (equally distributed) map than in RAGEN.
+    - Truncation at ``params.max_steps`` (default 100); RAGEN's env has no time limit and relies
+      on the agent's action budget.
+    - The map is redrawn at most ``MAX_MAP_DRAWS`` times; if no draw has a path (only plausible
+      for ``p`` near 0), the last draw's holes are all cleared. RAGEN would loop forever.
+    - The ``coord`` text states the real board size; RAGEN's coordinate hint says (5, 5) on a
+      4x4 map.
+    - ``goal_reward`` is a param (RAGEN's is fixed at 1).
+    """
+
+    action_names = ACTION_NAMES
+    params_cls = EnvParams
+
+    def __init__(self, size: int = 4, observation_format: str = "grid") -> None:
+        super().__init__()
+        if size < 2:
+            raise ValueError(f"FrozenLake size must be at least 2, got {size}")
+        if observation_format not in OBSERVATION_FORMATS:
+            raise ValueError(
+                f"unknown observation_format {observation_format!r}; one of {OBSERVATION_FORMATS}"
+            )
+        self.size = size
+        self.observation_format = observation_format
+
+    @property
+    def default_params(self) -> EnvParams:
+        return EnvParams()
+
+    def reset_env(self, key: jax.Array, params: EnvParams) -> tuple[jax.Array, EnvState]:
+        """Draws a map with a start-to-goal path; the player stands on the start."""
+        key, key_draw = jax.random.split(key)
+        holes, start, goal, ok = _draw_map(key_draw, self.size, params.p)
+
+        def cond(carry: tuple[Any, ...]) -> jax.Array:
+            _, draws, _, _, _, ok = carry
+            return ~ok & (draws < MAX_MAP_DRAWS)
+
+        def body(carry: tuple[Any, ...]) -> tuple[Any, ...]:
+            key, draws, *_ = carry
+            key, key_draw = jax.random.split(key)
+            return (key, draws + 1, *_draw_map(key_draw, self.size, params.p))
+
+        _, _, holes, start, goal, ok = jax.lax.while_loop(
+            cond, body, (key, jnp.int32(1), holes, start, goal, ok)
+        )
+        holes = holes & ok  # the fallback: no path after MAX_MAP_DRAWS draws -> no holes
+        state = EnvState(holes=holes, start=start, goal=goal, player=start, time=jnp.int32(0))
+        return self.get_obs(state), state
+
+    def step_env(
+        self, key: jax.Array, state: EnvState, action: int | jax.Array, params: EnvParams
+    ) -> tuple[jax.Array, EnvState, jax.Array, jax.Array, dict[str, jax.Array]]:
+        """Moves the player (maybe slipping); see the class docstring for the rules."""
+        action = jnp.asarray(action, jnp.int32)
+        row, col = state.player[0], state.player[1]
+        was_done = state.holes[row, col] | jnp.all(state.player == state.goal)
+
+        # Slip: intended with success_rate, (a - 1) % 4 or (a + 1) % 4 with (1 - it) / 2 each.
+        success_rate = jnp.where(params.is_slippery, params.success_rate, 1.0)
+        u = jax.random.uniform(key)
+        move = jnp.where(
+            u < success_rate,
+            action,
+            jnp.where(u < success_rate + (1.0 - success_rate) / 2, (action - 1) % 4, (action + 1) % 4),
+        )
+        target = jnp.clip(state.player + jnp.asarray(DELTAS)[move], 0, self.size - 1)  # [2]
+        player = jnp.where(was_done, state.player, target)
+
+        at_goal = jnp.all(player == state.goal)
+        in_hole = state.holes[player[0], player[1]]
+        reward = jnp.where(at_goal & ~was_done, params.goal_reward, 0.0).astype(jnp.float32)
+        terminated = at_goal | in_hole
+        info = {
+            "success": at_goal,
+            "action_is_effective": jnp.any(player != state.player),
+            "move": move.astype(jnp.int32),
+        }
+        state = state.replace(player=player, time=state.time + 1)
+        return self.get_obs(state), state, reward, terminated, info
+
+    def get_obs(
+        self, state: EnvState, params: EnvParams | None = None, key: jax.Array | None = None
+    ) -> jax.Array:
+        """The [n, n] int8 grid of observation codes (indices into ``SYMBOLS``)."""
+        del params, key
+        grid = jnp.where(state.holes, HOLE, FROZEN).astype(jnp.int8)
+        grid = grid.at[state.goal[0], state.goal[1]].set(GOAL)
+        row, col = state.player[0], state.player[1]
+        here = grid[row, col]
+        code = jnp.where(here == HOLE, PLAYER_IN_HOLE, jnp.where(here == GOAL, PLAYER_ON_GOAL, PLAYER))
+        return grid.at[row, col].set(code.astype(jnp.int8))
+
+    def is_terminated(self, state: EnvState, params: EnvParams) -> jax.Array:
+        return state.holes[state.player[0], state.player[1]] | jnp.all(state.player == state.goal)
+
+    def action_space(self, params: EnvParams | None = None) -> spaces.Discrete:
+        return spaces.Discrete(len(ACTION_NAMES))
+
+    def observation_space(self, params: EnvParams | None = None) -> spaces.Box:
+        return spaces.Box(0, len(SYMBOLS) - 1, (self.size, self.size), jnp.int8)
+
+    def state_space(self, params: EnvParams | None = None) -> spaces.Dict:
+        params = self.default_params if params is None else params
+        n = self.size
+        return spaces.Dict(
+            {
+                "holes": spaces.Box(0, 1, (n, n), jnp.bool_),
+                "start": spaces.Box(0, n - 1, (2,), jnp.int32),
+                "goal": spaces.Box(0, n - 1, (2,), jnp.int32),
+                "player": spaces.Box(0, n - 1, (2,), jnp.int32),
+                "time": spaces.Discrete(int(params.max_steps) + 1),
+            }
+        )
+
+    # ---- host-side text -------------------------------------------------------------------
+
+    def render_text(self, state: EnvState, fmt: str | None = None) -> str:
+        """The text for one unbatched state, in ``fmt`` (default: the constructor's format)."""
+        fmt = self.observation_format if fmt is None else fmt
+        if fmt == "grid":
+            return "\n".join("".join(SYMBOLS[c] for c in row) for row in symbol_grid(state))
+        if fmt == "coord":
+            return coord_text(state)
+        raise ValueError(f"unknown observation format {fmt!r}; one of {OBSERVATION_FORMATS}")
+
+
+def symbol_grid(state: EnvState) -> np.ndarray:
+    """NumPy twin of ``FrozenLake.get_obs`` for one host state: [n, n] int8 codes."""
+    holes = np.asarray(state.holes, bool)
+    grid = np.where(holes, HOLE, FROZEN).astype(np.int8)
+    goal = tuple(int(v) for v in np.asarray(state.goal))
+    player = tuple(int(v) for v in np.asarray(state.player))
+    grid[goal] = GOAL
+    grid[player] = {HOLE: PLAYER_IN_HOLE, GOAL: PLAYER_ON_GOAL}.get(int(grid[player]), PLAYER)
+    return grid
+
+
+def coord_text(state: EnvState) -> str:
+    """The ``coord`` rendering of one host state: one clearly labelled line per item."""
+    holes = np.asarray(state.holes, bool)
+    rows, cols = holes.shape
+    start = tuple(int(v) for v in np.asarray(state.start))
+    goal = tuple(int(v) for v in np.asarray(state.goal))
+    player = tuple(int(v) for v in np.asarray(state.player))
+    hole_cells = [(int(r), int(c)) for r, c in zip(*np.nonzero(holes), strict=True)]
+    if player == goal:
+        player_line = f"Player on goal: {player}"
+    elif holes[player]:
+        player_line = f"Player in hole: {player}"
+    else:
+        player_line = f"Player: {player}"
+    return "\n".join(
+        [
+            f"Board size: {rows} rows x {cols} cols; coordinates are (row, col), "
+            f"from (0, 0) at the top left to ({rows - 1}, {cols - 1}) at the bottom right.",
+            f"Start: {start}",
+            f"Goal: {goal}",
+            player_line,
+            "Holes: " + (", ".join(str(h) for h in hole_cells) if hole_cells else "none"),
+        ]
+    )
