@@ -27,7 +27,6 @@ import warnings
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -189,7 +188,7 @@ def main() -> None:
     ours = jax_rates("sokoban", {}, sizes[-1], 100)
     rs_6 = ragen_style_rate((6, 6), 1, 300, 2.0 if args.quick else 5.0)
     lines += ["", "## Sokoban 6x6, 1 box: ours vs plain Python", "",
-              "| what | plain-Python rate | ours (JAX, %d envs) | ratio |" % sizes[-1], "|---|---|---|---|",
+              f"| what | plain-Python rate | ours (JAX, {sizes[-1]} envs) | ratio |", "|---|---|---|---|",
               f"| steps/s vs the tests' reference | {_fmt(py['reference steps/s'])} | "
               f"{_fmt(ours['steps/s'])} | {ours['steps/s'] / py['reference steps/s']:.0f}x |",
               f"| steps/s vs gym-sokoban `step` (raw obs) | {_fmt(py['gym-sokoban steps/s'])} | "
