@@ -18,6 +18,7 @@ from flax import struct
 from gymnax.environments import spaces
 
 from ragen_jax.envs.base import TextEnv
+from ragen_jax.envs.grid import reachable
 
 # Observation codes (RAGEN's ``GRID_LOOKUP`` order).
 PLAYER, FROZEN, HOLE, GOAL, PLAYER_IN_HOLE, PLAYER_ON_GOAL = 0, 1, 2, 3, 4, 5
@@ -47,28 +48,6 @@ class EnvParams:
     is_slippery: bool = True
     success_rate: float = 0.8  # P(intended move) when slippery; each perpendicular (1 - it) / 2
     goal_reward: float = 1.0
-
-
-def _neighbours(mask: jax.Array) -> jax.Array:
-    """Cells 4-adjacent to a cell of ``mask`` [n, n] bool (or in it)."""
-    padded = jnp.pad(mask, 1)  # [n+2, n+2]
-    return (mask | padded[:-2, 1:-1] | padded[2:, 1:-1] | padded[1:-1, :-2] | padded[1:-1, 2:])
-
-
-def reachable(passable: jax.Array, start: jax.Array) -> jax.Array:
-    """Flood fill: the cells [n, n] bool reachable from ``start`` [2] through ``passable`` cells."""
-    seed = jnp.zeros_like(passable).at[start[0], start[1]].set(True)
-
-    def cond(carry: tuple[jax.Array, jax.Array]) -> jax.Array:
-        reach, previous = carry
-        return jnp.any(reach != previous)
-
-    def body(carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
-        reach, _ = carry
-        return _neighbours(reach) & passable, reach
-
-    reach, _ = jax.lax.while_loop(cond, body, (seed, jnp.zeros_like(seed)))
-    return reach
 
 
 def _draw_map(key: jax.Array, size: int, p: jax.Array) -> tuple[jax.Array, ...]:

@@ -18,6 +18,7 @@ from flax import struct
 from gymnax.environments import spaces
 
 from ragen_jax.envs.base import TextEnv
+from ragen_jax.envs.grid import reachable, shift
 
 # Fixed cells (``room_fixed``).
 WALL, FLOOR, TARGET = 0, 1, 2
@@ -105,14 +106,14 @@ class Sokoban(TextEnv[EnvState, EnvParams]):
         num_walks: int = 8,
         walk_length: int = 25,
         pull_bias: float = 0.5,
-        num_layouts: int = 8,
+        num_layouts: int = 6,
         max_tries: int = 8,
         observation_format: str = "grid",
         grid_vocab: str = "default",
     ):
         height, width = (int(d) for d in dim_room)
-        if height < 5 or width < 5:
-            raise ValueError(f"sokoban: dim_room must be at least (5, 5), got {dim_room}")
+        if not (5 <= height <= 31 and 5 <= width <= 31):
+            raise ValueError(f"sokoban: dim_room must be within (5, 5)..(31, 31), got {dim_room}")
         if not 1 <= num_boxes <= 8:
             raise ValueError(f"sokoban: num_boxes must be in 1..8, got {num_boxes}")
         if search_depth < 3:
@@ -263,26 +264,46 @@ def _room_topology(key: jax.Array, dim_room: tuple[int, int], num_steps: int,
     """gym-sokoban's random walk of 3x3 floor stamps; the border is wall.  # [H, W] bool"""
     height, width = dim_room
     k_dir, k_pos, k_change, k_new_dir, k_stamp = jax.random.split(key, 5)
-    directions = jnp.array([[1, 0], [0, 1], [-1, 0], [0, -1]], jnp.int32)
-    start = jax.random.randint(k_pos, (2,), 1, jnp.array([height, width]))
-    change = jax.random.uniform(k_change, (num_steps,)) < p_change_direction
-    new_dir = jax.random.randint(k_new_dir, (num_steps,), 0, 4)
-    stamp = jax.random.randint(k_stamp, (num_steps,), 0, len(_STAMPS))
-    stamps = jnp.asarray(_STAMPS)
+    return topology_from_draws(
+        dim_room,
+        start=jax.random.randint(k_pos, (2,), 1, jnp.array([height, width])),
+        first_direction=jax.random.randint(k_dir, (), 0, 4),
+        change=jax.random.uniform(k_change, (num_steps,)) < p_change_direction,
+        new_direction=jax.random.randint(k_new_dir, (num_steps,), 0, 4),
+        stamp=jax.random.randint(k_stamp, (num_steps,), 0, len(_STAMPS)))
+
+
+# Walk directions (row, col), in gym-sokoban's order; the stamps as 9-bit masks (bit 3r + c).
+WALK_DIRECTIONS = np.array([[1, 0], [0, 1], [-1, 0], [0, -1]], np.int32)
+_STAMP_BITS = np.array([sum(1 << i for i, v in enumerate(s.reshape(-1)) if v) for s in _STAMPS], np.int32)
+
+
+def topology_from_draws(dim_room: tuple[int, int], start: jax.Array, first_direction: jax.Array,
+                        change: jax.Array, new_direction: jax.Array, stamp: jax.Array) -> jax.Array:
+    """The random walk given its random draws: ``start`` [2], ``first_direction`` (),
+    per step ``change`` [T] bool, ``new_direction`` [T], ``stamp`` [T].  # [H, W] bool
+
+    The walk itself is a scan over positions; the stamps are OR-ed as per-row bit masks
+    (a scatter per step is several times slower under ``vmap``). Rooms up to 31 wide."""
+    height, width = dim_room
+    directions = jnp.asarray(WALK_DIRECTIONS)
     low, high = jnp.array([1, 1]), jnp.array([height - 2, width - 2])
 
     def walk(carry, xs):
-        level, pos, direction = carry
-        change_t, new_dir_t, stamp_t = xs
+        pos, direction = carry
+        change_t, new_dir_t = xs
         direction = jnp.where(change_t, new_dir_t, direction)
         pos = jnp.clip(pos + directions[direction], low, high)
-        corner = pos - 1
-        patch = jax.lax.dynamic_slice(level, (corner[0], corner[1]), (3, 3)) | stamps[stamp_t]
-        return (jax.lax.dynamic_update_slice(level, patch, (corner[0], corner[1])), pos, direction), None
+        return (pos, direction), pos
 
-    first_dir = jax.random.randint(k_dir, (), 0, 4)
-    level0 = jnp.zeros(dim_room, bool)
-    (level, _, _), _ = jax.lax.scan(walk, (level0, start, first_dir), (change, new_dir, stamp))
+    _, centres = jax.lax.scan(walk, (start, first_direction), (change, new_direction))  # [T, 2]
+    # Row r of the level as a bit mask over columns: OR over steps of the stamp's row
+    # (r - centre_row + 1), a 3-bit pattern, shifted to start at column centre_col - 1.
+    dr = jnp.arange(height)[None, :] - centres[:, 0, None] + 1  # [T, H]
+    pattern = (jnp.asarray(_STAMP_BITS)[stamp][:, None] >> (3 * jnp.clip(dr, 0, 2))) & 7
+    pattern = jnp.where((dr >= 0) & (dr < 3), pattern << (centres[:, 1, None] - 1), 0)
+    row_bits = jax.lax.reduce(pattern, np.int32(0), jax.lax.bitwise_or, (0,))  # [H]
+    level = ((row_bits[:, None] >> jnp.arange(width)[None, :]) & 1).astype(bool)
     rows = jnp.arange(height)[:, None]
     cols = jnp.arange(width)[None, :]
     interior = (rows > 0) & (rows < height - 1) & (cols > 0) & (cols < width - 1)
@@ -393,11 +414,11 @@ def _layout(key, dim_room, num_boxes, num_gen_steps):
 
     boxes = jnp.zeros(dim_room, bool).at[targets[:, 0], targets[:, 1]].set(True)
     passable = floor & ~boxes
-    reach = _flood_fill(passable, player)
+    reach = reachable(passable, player)
     # A pull from direction d: player on box + d (reachable), stepping to box + 2d (passable).
     stand = jnp.zeros(dim_room, bool)
     for dr, dc in DELTAS:
-        stand |= _shift(boxes, int(dr), int(dc)) & reach & _shift(passable, -int(dr), -int(dc))
+        stand |= shift(boxes, int(dr), int(dc)) & reach & shift(passable, -int(dr), -int(dc))
     # Reverse play starts from a random such cell: the player could walk there, and walking
     # adds no reachable state, so this only saves search steps.
     k_stand = jax.random.fold_in(k_place, 1)
@@ -407,29 +428,6 @@ def _layout(key, dim_room, num_boxes, num_gen_steps):
     player = jnp.where(pullable, jnp.stack(jnp.divmod(stand_flat, width)).astype(jnp.int32), player)
     enough_floor = jnp.sum(flat_floor) > num_boxes + 1
     return floor, player, targets, enough_floor & pullable
-
-
-def _shift(grid: jax.Array, dr: int, dc: int) -> jax.Array:
-    """``out[r, c] = grid[r - dr, c - dc]`` (False outside the grid)."""
-    out = jnp.roll(grid, (dr, dc), axis=(0, 1))
-    height, width = grid.shape
-    rows = jnp.arange(height)[:, None] - dr
-    cols = jnp.arange(width)[None, :] - dc
-    return out & (rows >= 0) & (rows < height) & (cols >= 0) & (cols < width)
-
-
-def _flood_fill(passable: jax.Array, start: jax.Array) -> jax.Array:
-    """Cells reachable from ``start`` through ``passable`` cells.  # [H, W] bool"""
-    seed = jnp.zeros_like(passable).at[start[0], start[1]].set(True)
-
-    def grow(carry):
-        reach, _ = carry
-        bigger = reach | _shift(reach, 1, 0) | _shift(reach, -1, 0) | _shift(reach, 0, 1) | _shift(reach, 0, -1)
-        bigger &= passable | seed
-        return bigger, jnp.any(bigger != reach)
-
-    reach, _ = jax.lax.while_loop(lambda c: c[1], grow, (seed, jnp.bool_(True)))
-    return reach
 
 
 def _finish(key, dim_room, layout, num_walks, walk_length, pull_bias):

@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ragen_jax.envs.sokoban import Sokoban, generate_level
+from ragen_jax.envs.sokoban import (
+    _STAMPS,
+    WALK_DIRECTIONS,
+    Sokoban,
+    generate_level,
+    topology_from_draws,
+)
 from ragen_jax.envs.sokoban_solver import solve
 
 MOVES = [(-1, 0), (1, 0), (0, -1), (0, 1)]
@@ -150,6 +156,35 @@ def test_same_key_same_level_and_keys_differ():
     _, many = BATCHED_RESET[env](jax.random.split(jax.random.key(8), 200), params)
     obs = np.asarray(jax.vmap(env.get_obs)(many)).reshape(200, -1)
     assert len({row.tobytes() for row in obs}) >= 190
+
+
+def _reference_topology(dim, start, first_direction, change, new_direction, stamp):
+    """gym-sokoban's ``room_topology_generation`` loop, fed with given draws."""
+    level = np.zeros(dim, int)
+    pos, direction = np.array(start), int(first_direction)
+    for t in range(len(change)):
+        if change[t]:
+            direction = int(new_direction[t])
+        pos = pos + WALK_DIRECTIONS[direction]
+        pos[0] = max(min(pos[0], dim[0] - 2), 1)
+        pos[1] = max(min(pos[1], dim[1] - 2), 1)
+        level[pos[0] - 1:pos[0] + 2, pos[1] - 1:pos[1] + 2] += _STAMPS[stamp[t]]
+    level = level > 0
+    level[:, [0, dim[1] - 1]] = False
+    level[[0, dim[0] - 1], :] = False
+    return level
+
+
+@pytest.mark.parametrize("dim", [(6, 6), (8, 8), (7, 10)])
+def test_topology_matches_gym_sokoban_walk(dim):
+    rng = np.random.default_rng(0)
+    steps = int(1.7 * sum(dim))
+    fn = jax.jit(lambda *a: topology_from_draws(dim, *a))
+    for _ in range(50):
+        draws = (rng.integers(1, [dim[0], dim[1]]), rng.integers(0, 4), rng.random(steps) < 0.35,
+                 rng.integers(0, 4, steps), rng.integers(0, 5, steps))
+        ours = np.asarray(fn(*(jnp.asarray(d) for d in draws)))
+        np.testing.assert_array_equal(ours, _reference_topology(dim, *draws))
 
 
 def test_solver_optimal_on_hand_level():
