@@ -77,7 +77,7 @@ def _tensor_files(path: Path) -> dict[str, Path]:
     files = {}
     for f in candidates:
         with safe_open(f, framework="numpy") as fh:
-            for k in fh.keys():  # noqa: SIM118 (safe_open is not a dict)
+            for k in fh.keys():
                 files[k] = f
     return files
 
