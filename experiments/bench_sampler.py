@@ -72,6 +72,9 @@ def main():
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--quick", action="store_true", help="tiny preset only")
     ap.add_argument("--skip-hf", action="store_true", help="only time our sampler")
+    ap.add_argument("--torch-threads", type=int, default=0,
+                    help="torch.set_num_threads (0: torch's default); OpenMP threads slow down "
+                         "badly when another process takes a core")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_sampler.md"))
     args = ap.parse_args()
     sizes = ["tiny"] if args.quick else args.sizes.split(",")
@@ -80,6 +83,8 @@ def main():
     import torch
     import transformers
 
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     rows = []
     for size in sizes:
         cfg = PRESETS[size]()
@@ -113,7 +118,8 @@ def main():
         f"same random weights. Tokens/s = generated tokens / wall time of one call, prefill "
         f"included. Host: {platform.processor() or platform.machine()}, {os.cpu_count()} "
         f"CPUs (shared with other jobs: timings are noisy); jax {jax.__version__}, "
-        f"torch {torch.__version__}, transformers {transformers.__version__}.",
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads), "
+        f"transformers {transformers.__version__}.",
         "",
         "| model | batch | ours tok/s | transformers tok/s | speed-up | our compile s | "
         "greedy rows identical |",

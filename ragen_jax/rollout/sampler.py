@@ -72,6 +72,18 @@ class SampleOutput:
     prompt_mask: jax.Array  # [B, P] bool
     cache: KVCache  # the cache after this turn (prompt and generated tokens in it)
 
+    def slots(self) -> tuple[jax.Array, jax.Array]:
+        """The turn's cache slots as ``(tokens, mask)`` of shape ``[B, P + steps]``.
+
+        Appending these per turn gives the trajectory's slot sequence; a full forward pass over
+        it with ``attention_mask = mask`` and ``positions_from_mask(mask)`` recomputes
+        ``model_logprobs`` (generated token ``i`` is predicted at slot ``P - 1 + i``).
+        """
+        steps = int(self.steps)
+        tokens = jnp.concatenate([self.prompt_tokens, self.tokens[:, :steps]], axis=1)
+        mask = jnp.concatenate([self.prompt_mask, self.mask[:, :steps]], axis=1)
+        return tokens, mask
+
 
 def bucket_length(n: int, minimum: int = 16) -> int:
     """The smallest power of two >= max(n, minimum)."""
@@ -244,11 +256,11 @@ class Sampler:
             need = int(cache.index) + p + n  # one host read, outside the decode loop
             if need > cache.size:
                 cache = cache.grow(bucket_length(need))
-        stop = np.asarray(stop_tokens, np.int32).reshape(-1) if np.ndim(stop_tokens) <= 1 \
-            else np.asarray(stop_tokens, np.int32)
-        stop = np.broadcast_to(stop.reshape(1, -1) if stop.ndim == 1 else stop, (b, stop.shape[-1]))
+        stop = np.asarray(stop_tokens, np.int32)
+        if stop.ndim <= 1:  # shared stop list -> one row per sequence
+            stop = np.broadcast_to(stop.reshape(1, -1), (b, stop.size))
         if stop.shape[1] == 0:
-            stop = np.full((b, 1), -1, np.int32)
+            stop = np.full((b, 1), -1, np.int32)  # -1 never matches a token
         budget = np.full((b,), n, np.int32) if max_new is None else np.minimum(
             np.asarray(max_new, np.int32), n)
         act = np.ones((b,), bool) if active is None else np.asarray(active, bool)

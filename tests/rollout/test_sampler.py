@@ -3,7 +3,6 @@
 import tempfile
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -41,8 +40,8 @@ def _teacher_forced_logits(model, out):
     """Logits that produced each generated token, from one full forward over the slots."""
     steps = int(out.steps)
     p = out.prompt_tokens.shape[1]
-    tokens = jnp.concatenate([out.prompt_tokens, out.tokens[:, :steps]], axis=1)
-    mask = jnp.concatenate([out.prompt_mask, out.mask[:, :steps]], axis=1)
+    tokens, mask = out.slots()
+    np.testing.assert_array_equal(np.asarray(mask), np.asarray(out.cache.valid[:, :p + steps]))
     full = np.asarray(_full_jit(*nnx.split(model), tokens, mask))
     return full[:, p - 1: p - 1 + steps]  # [B, steps, V]
 
