@@ -219,8 +219,10 @@ class KVCache:
     finished sequence or a short observation simply leaves invalid slots behind.
     """
 
-    k: tuple[jax.Array, ...]  # per layer [B, S, K, D]
-    v: tuple[jax.Array, ...]  # per layer [B, S, K, D]
+    # Heads before slots, so the attention matmuls read the cache in place (batch dims B, K
+    # leading); a [B, S, K, D] layout made XLA CPU transpose the whole cache every step.
+    k: tuple[jax.Array, ...]  # per layer [B, K, S, D]
+    v: tuple[jax.Array, ...]  # per layer [B, K, S, D]
     valid: jax.Array  # [B, S] bool: slot holds a real token
     index: jax.Array  # [] int32: next slot to write (shared by the batch)
     lengths: jax.Array  # [B] int32: real tokens so far, i.e. the next position id
@@ -229,7 +231,7 @@ class KVCache:
     def init(cls, config: QwenConfig, batch: int, size: int, dtype=None) -> KVCache:
         """An empty cache of ``size`` slots. ``dtype`` defaults to the compute dtype."""
         dtype = dtype or config.dtype
-        shape = (batch, size, config.num_key_value_heads, config.head_dim)
+        shape = (batch, config.num_key_value_heads, size, config.head_dim)
         zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_hidden_layers))
         return cls(
             k=zeros,
@@ -254,7 +256,7 @@ class KVCache:
             raise ValueError(f"cannot shrink a cache of {self.size} slots to {size}")
         if extra == 0:
             return self
-        pad = ((0, 0), (0, extra), (0, 0), (0, 0))
+        pad = ((0, 0), (0, 0), (0, extra), (0, 0))
         return self.replace(
             k=tuple(jnp.pad(x, pad) for x in self.k),
             v=tuple(jnp.pad(x, pad) for x in self.v),
@@ -364,7 +366,7 @@ class Qwen2Attention(nnx.Module):
         """x [B, T, E]; attn_mask [B, T, S] bool (True = may attend).
 
         Without a cache, S = T and keys are this call's tokens. With ``layer_cache = (k, v)``
-        of shape [B, S, K, D], the new keys/values are written at slot ``index`` and the
+        of shape [B, K, S, D], the new keys/values are written at slot ``index`` and the
         updated ``(k, v)`` is returned.
         """
         c = self.config
@@ -373,21 +375,23 @@ class Qwen2Attention(nnx.Module):
         k = self.k_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim)  # [B, T, K, D]
         v = self.v_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim)  # [B, T, K, D]
         q = rope(q, positions, c.rope_theta)
-        k = rope(k, positions, c.rope_theta)
+        k = rope(k, positions, c.rope_theta).transpose(0, 2, 1, 3)  # [B, K, T, D]
+        v = v.transpose(0, 2, 1, 3)  # [B, K, T, D]
         if layer_cache is not None:
             ck, cv = layer_cache
-            k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, index, 0, 0))
-            v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, index, 0, 0))
-            layer_cache = (k, v)  # [B, S, K, D]
+            k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, 0, index, 0))
+            v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, index, 0))
+            layer_cache = (k, v)  # [B, K, S, D]
         groups = c.num_attention_heads // c.num_key_value_heads
-        q = q.reshape(b, t, c.num_key_value_heads, groups, c.head_dim)  # [B, T, K, G, D]
-        scores = jnp.einsum("btkgd,bskd->bkgts", q, k.astype(q.dtype),
+        q = q.reshape(b, t, c.num_key_value_heads, groups, c.head_dim)
+        q = q.transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
+        scores = jnp.einsum("bkgtd,bksd->bkgts", q, k.astype(q.dtype),
                             preferred_element_type=jnp.float32)  # [B, K, G, T, S]
         scores = scores * (1.0 / math.sqrt(c.head_dim))
         scores = jnp.where(attn_mask[:, None, None, :, :], scores, _MASK_VALUE)
         probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(x.dtype))  # [B, T, K, G, D]
-        out = out.reshape(b, t, c.num_attention_heads * c.head_dim)
+        out = jnp.einsum("bkgts,bksd->bkgtd", probs, v.astype(x.dtype))  # [B, K, G, T, D]
+        out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, c.num_attention_heads * c.head_dim)
         return self.o_proj(out), layer_cache
 
 
