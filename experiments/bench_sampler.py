@@ -1,0 +1,138 @@
+"""Generation throughput: our jitted KV-cache sampler vs transformers ``generate`` (torch CPU).
+
+Both run the same random weights (our model, written with ``save_pretrained`` and read back by
+``transformers``) on the same prompts: random tokens, left-aligned, ``--prompt`` long, and
+exactly ``--new`` new tokens (no stop token), greedy. Tokens/s counts generated tokens over the
+whole call (prefill included). Our compile time is the first call minus a warm call.
+
+    PYTHONPATH=. python experiments/bench_sampler.py            # tiny + 0.5B, batch 1..128
+    PYTHONPATH=. python experiments/bench_sampler.py --quick    # tiny only
+    PYTHONPATH=. python experiments/bench_sampler.py --sizes 0.5b --batches 1,8
+
+Writes ``experiments/results/bench_sampler.md`` and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from ragen_jax.models import Qwen2ForCausalLM, QwenConfig, save_pretrained
+from ragen_jax.rollout import Sampler, SamplingParams
+
+PRESETS = {"tiny": QwenConfig.tiny, "0.5b": QwenConfig.qwen2_5_0_5b}
+
+
+def bench_ours(model, prompts, new):
+    sampler = Sampler(model)
+    sp = SamplingParams(max_new_tokens=new, temperature=0.0)
+    t0 = time.perf_counter()
+    out = sampler(prompts, key=jax.random.key(0), params=sp)
+    jax.block_until_ready(out.tokens)
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    out = sampler(prompts, key=jax.random.key(1), params=sp)
+    jax.block_until_ready(out.tokens)
+    warm = time.perf_counter() - t0
+    assert int(out.lengths.min()) == new
+    return warm, first - warm, np.asarray(out.tokens)
+
+
+def bench_hf(hf, prompts, new):
+    import torch
+
+    ids = torch.tensor(prompts, dtype=torch.long)
+    kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0,
+              eos_token_id=None, attention_mask=torch.ones_like(ids))
+    with torch.inference_mode():
+        hf.generate(ids[:1, :8], **dict(kw, attention_mask=torch.ones_like(ids[:1, :8]),
+                                        max_new_tokens=2, min_new_tokens=2))  # warm-up
+        t0 = time.perf_counter()
+        out = hf.generate(ids, **kw)
+        dt = time.perf_counter() - t0
+    return dt, out[:, ids.shape[1]:].numpy()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="tiny,0.5b", help="comma list of: " + ",".join(PRESETS))
+    ap.add_argument("--batches", default="1,8,32,128")
+    ap.add_argument("--big-batches", default=None,
+                    help="batches for the 0.5b model (default: --batches); its prefill is slow")
+    ap.add_argument("--prompt", type=int, default=256)
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--quick", action="store_true", help="tiny preset only")
+    ap.add_argument("--skip-hf", action="store_true", help="only time our sampler")
+    ap.add_argument("--torch-threads", type=int, default=0,
+                    help="torch.set_num_threads (0: torch's default); OpenMP threads slow down "
+                         "badly when another process takes a core")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_sampler.md"))
+    args = ap.parse_args()
+    sizes = ["tiny"] if args.quick else args.sizes.split(",")
+    batches = [int(b) for b in args.batches.split(",")]
+
+    import torch
+    import transformers
+
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    rows = []
+    for size in sizes:
+        cfg = PRESETS[size]()
+        model = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))
+        with tempfile.TemporaryDirectory() as d:
+            save_pretrained(model, d)
+            hf = None if args.skip_hf else (
+                transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval())
+        rng = np.random.RandomState(0)
+        size_batches = batches
+        if size != "tiny" and args.big_batches:
+            size_batches = [int(b) for b in args.big_batches.split(",")]
+        for b in size_batches:
+            prompts = rng.randint(10, cfg.vocab_size, (b, args.prompt)).tolist()
+            ours, compile_s, our_tokens = bench_ours(model, prompts, args.new)
+            if hf is not None:
+                theirs, hf_tokens = bench_hf(hf, prompts, args.new)
+                agree = float((hf_tokens == our_tokens).all(axis=1).mean())
+            else:
+                theirs, agree = float("nan"), float("nan")
+            n = b * args.new
+            row = (size, b, n / ours, n / theirs, theirs / ours, compile_s, agree)
+            rows.append(row)
+            print("{:>5} B={:<4} ours {:9.1f} tok/s  transformers {:9.1f} tok/s  x{:5.2f}  "
+                  "compile {:5.1f}s  greedy rows equal {:.2f}".format(*row), flush=True)
+
+    lines = [
+        "# Sampler throughput: ours (JAX, jitted) vs transformers `generate` (torch CPU)",
+        "",
+        f"Prompt {args.prompt} tokens, {args.new} new tokens (greedy, no early stop), float32, "
+        f"same random weights. Tokens/s = generated tokens / wall time of one call, prefill "
+        f"included. Host: {platform.processor() or platform.machine()}, {os.cpu_count()} "
+        f"CPUs (shared with other jobs: timings are noisy); jax {jax.__version__}, "
+        f"torch {torch.__version__} ({torch.get_num_threads()} threads), "
+        f"transformers {transformers.__version__}.",
+        "",
+        "| model | batch | ours tok/s | transformers tok/s | speed-up | our compile s | "
+        "greedy rows identical |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for size, b, o, t, x, c, a in rows:
+        lines.append(f"| {size} | {b} | {o:.1f} | {t:.1f} | {x:.2f}x | {c:.1f} | {a:.2f} |")
+    table = "\n".join(lines) + "\n"
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    jnp.zeros(())  # initialise the backend before timing
+    main()

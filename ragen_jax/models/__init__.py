@@ -1,0 +1,27 @@
+"""Qwen2 policy model: the NNX port, Hugging Face weights both ways, tokenizers."""
+
+from ragen_jax.models.qwen import (
+    KVCache,
+    Qwen2ForCausalLM,
+    QwenConfig,
+    positions_from_mask,
+    shard_model,
+)
+from ragen_jax.models.weights import (
+    CheckpointError,
+    from_pretrained,
+    load_config,
+    save_pretrained,
+)
+
+__all__ = [
+    "CheckpointError",
+    "KVCache",
+    "Qwen2ForCausalLM",
+    "QwenConfig",
+    "from_pretrained",
+    "load_config",
+    "positions_from_mask",
+    "save_pretrained",
+    "shard_model",
+]

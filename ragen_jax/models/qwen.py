@@ -1,0 +1,560 @@
+"""The Qwen2 / Qwen2.5 decoder in Flax NNX, in one file.
+
+Module and parameter names follow the Hugging Face checkpoint exactly, and every weight keeps the
+Hugging Face layout (``nn.Linear`` weights are ``[out, in]``), so the checkpoint key
+``model.layers.3.self_attn.q_proj.weight`` is the NNX path
+``("model", "layers", 3, "self_attn", "q_proj", "weight")`` and loading is a rename-free copy.
+
+Shapes in comments use: B batch, T new tokens in this call, S key/value slots (T without a
+cache, the cache size with one), E hidden size, H query heads, K key/value heads, G = H // K,
+D head dim, F MLP width, V vocabulary.
+
+Attention-mask semantics (shared by the sampler, the rollout code and the trainer):
+
+* ``attention_mask[B, T]`` marks which of the ``T`` input tokens are real (1) and which are
+  padding (0). A token attends to every *real* token at or before its own slot; padding tokens
+  are never attended to. Padding may sit anywhere (left, right, or in the middle of a sequence).
+* ``positions[B, T]`` are the rotary positions; they must count real tokens only
+  (``positions_from_mask``). Positions of padding tokens do not matter.
+* With a ``KVCache``, the ``T`` new tokens are written to slots ``[cache.index, cache.index+T)``
+  for every sequence of the batch (one shared slot index), and their validity goes into
+  ``cache.valid``. So a trajectory is one slot sequence, padding included, and a full forward
+  pass over that slot sequence with ``attention_mask = cache.valid`` and the same positions
+  reproduces, up to float error, every logit the incremental calls produced. That is what lets
+  the trainer recompute the sampler's log-probs exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+# Mesh axes named in DESIGN.md; parameter specs use these names.
+MESH_AXES = ("data", "fsdp", "tensor")
+# Large negative (not -inf) for masked attention scores, so a query with no visible key (a
+# padding token before any real token) gets a finite, ignored output instead of NaN.
+_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+# ----------------------------------------------------------------------------------------------
+# Config
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class QwenConfig:
+    """Architecture hyper-parameters, named as in a Hugging Face Qwen2 ``config.json``.
+
+    ``param_dtype`` is the storage dtype of the weights, ``dtype`` the compute dtype of the
+    activations (matmuls); norms, softmax and logits are always computed in float32.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int | None = None  # None: hidden_size // num_attention_heads
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 32768
+    initializer_range: float = 0.02
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    param_dtype: Any = jnp.float32
+    dtype: Any = jnp.float32
+
+    def __post_init__(self):
+        if self.head_dim is None:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
+
+    def replace(self, **kw) -> QwenConfig:
+        return dataclasses.replace(self, **kw)
+
+    # -- Hugging Face config.json ---------------------------------------------------------------
+
+    @classmethod
+    def from_hf_dict(cls, d: dict, *, dtype=jnp.float32) -> QwenConfig:
+        """Builds a config from the dict of a Hugging Face Qwen2 ``config.json``.
+
+        Reads ``rope_theta`` from the top level (hub folders) or from the ``rope_parameters``
+        dict that transformers 5 writes. Raises ``ValueError`` for features this port does not
+        implement (sliding-window attention, rope scaling).
+        """
+        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", None):
+            raise ValueError(f"unsupported rope_type {rope_type!r} (only 'default' rope)")
+        theta = d.get("rope_theta", rope.get("rope_theta", 10000.0))
+        if d.get("use_sliding_window", False):
+            raise ValueError("use_sliding_window=true is not supported by this Qwen2 port")
+        eos = d.get("eos_token_id")
+        if isinstance(eos, list):
+            eos = eos[0] if eos else None
+        return cls(
+            vocab_size=d["vocab_size"],
+            hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"],
+            num_hidden_layers=d["num_hidden_layers"],
+            num_attention_heads=d["num_attention_heads"],
+            num_key_value_heads=d.get("num_key_value_heads", d["num_attention_heads"]),
+            head_dim=d.get("head_dim"),
+            rope_theta=float(theta),
+            rms_norm_eps=d.get("rms_norm_eps", 1e-6),
+            tie_word_embeddings=d.get("tie_word_embeddings", False),
+            max_position_embeddings=d.get("max_position_embeddings", 32768),
+            initializer_range=d.get("initializer_range", 0.02),
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_id=eos,
+            param_dtype=dtype,
+            dtype=dtype,
+        )
+
+    def to_hf_dict(self) -> dict:
+        """The ``config.json`` dict that ``transformers`` reads back as this architecture."""
+        return {
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rope_theta": self.rope_theta,
+            "rope_parameters": {"rope_theta": self.rope_theta, "rope_type": "default"},
+            "rms_norm_eps": self.rms_norm_eps,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "max_position_embeddings": self.max_position_embeddings,
+            "initializer_range": self.initializer_range,
+            "use_sliding_window": False,
+            "sliding_window": None,
+            "max_window_layers": self.num_hidden_layers,
+            "attention_dropout": 0.0,
+            "use_cache": True,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_id,
+            "dtype": jnp.dtype(self.param_dtype).name,
+        }
+
+    # -- presets ---------------------------------------------------------------------------------
+
+    @classmethod
+    def tiny(cls, vocab_size: int | None = None, **kw) -> QwenConfig:
+        """The CPU preset: 4 layers, width 256, GQA 4:2, tied embeddings.
+
+        Its vocabulary is the built-in tokenizer's (``tokenizer.TINY_VOCAB_SIZE``).
+        """
+        if vocab_size is None:
+            from ragen_jax.models.tokenizer import TINY_VOCAB_SIZE
+
+            vocab_size = TINY_VOCAB_SIZE
+        base = dict(
+            vocab_size=vocab_size,
+            hidden_size=256,
+            intermediate_size=768,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            rope_theta=1_000_000.0,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            max_position_embeddings=4096,
+        )
+        base.update(kw)
+        return cls(**base)
+
+    @classmethod
+    def qwen2_5_0_5b(cls, **kw) -> QwenConfig:
+        """Shapes of Qwen2.5-0.5B(-Instruct) (for random-weight benchmarks)."""
+        base = dict(
+            vocab_size=151936,
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            head_dim=64,
+            rope_theta=1_000_000.0,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            max_position_embeddings=32768,
+            bos_token_id=151643,
+            eos_token_id=151645,
+        )
+        base.update(kw)
+        return cls(**base)
+
+
+# ----------------------------------------------------------------------------------------------
+# KV cache
+# ----------------------------------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class KVCache:
+    """Per-layer keys and values plus slot bookkeeping; a pytree (donate it to jitted calls).
+
+    All sequences share the write index: a call with ``T`` tokens writes slots
+    ``[index, index + T)`` of every row. ``valid`` records which slots hold real tokens, so a
+    finished sequence or a short observation simply leaves invalid slots behind.
+    """
+
+    # Heads before slots, so the attention matmuls read the cache in place (batch dims B, K
+    # leading); a [B, S, K, D] layout made XLA CPU transpose the whole cache every step.
+    k: tuple[jax.Array, ...]  # per layer [B, K, S, D]
+    v: tuple[jax.Array, ...]  # per layer [B, K, S, D]
+    valid: jax.Array  # [B, S] bool: slot holds a real token
+    index: jax.Array  # [] int32: next slot to write (shared by the batch)
+    lengths: jax.Array  # [B] int32: real tokens so far, i.e. the next position id
+
+    @classmethod
+    def init(cls, config: QwenConfig, batch: int, size: int, dtype=None) -> KVCache:
+        """An empty cache of ``size`` slots. ``dtype`` defaults to the compute dtype."""
+        dtype = dtype or config.dtype
+        shape = (batch, config.num_key_value_heads, size, config.head_dim)
+        zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_hidden_layers))
+        return cls(
+            k=zeros,
+            v=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_hidden_layers)),
+            valid=jnp.zeros((batch, size), bool),
+            index=jnp.zeros((), jnp.int32),
+            lengths=jnp.zeros((batch,), jnp.int32),
+        )
+
+    @property
+    def size(self) -> int:
+        return self.valid.shape[1]
+
+    @property
+    def batch(self) -> int:
+        return self.valid.shape[0]
+
+    def grow(self, size: int) -> KVCache:
+        """A copy with ``size`` slots (>= the current size); new slots are empty."""
+        extra = size - self.size
+        if extra < 0:
+            raise ValueError(f"cannot shrink a cache of {self.size} slots to {size}")
+        if extra == 0:
+            return self
+        pad = ((0, 0), (0, 0), (0, extra), (0, 0))
+        return self.replace(
+            k=tuple(jnp.pad(x, pad) for x in self.k),
+            v=tuple(jnp.pad(x, pad) for x in self.v),
+            valid=jnp.pad(self.valid, ((0, 0), (0, extra))),
+        )
+
+
+def positions_from_mask(mask: jax.Array, start: jax.Array | None = None) -> jax.Array:
+    """Rotary positions that count real tokens only.
+
+    ``mask[B, T]`` marks real tokens; ``start[B]`` is the number of real tokens already seen
+    (``cache.lengths``). Real token j of row b gets ``start[b] + (#real tokens before j)``;
+    padding gets the position of the next real token (any value works, it is masked).
+    """
+    mask = mask.astype(jnp.int32)
+    pos = jnp.cumsum(mask, axis=-1) - mask  # [B, T] real tokens strictly before each slot
+    if start is not None:
+        pos = pos + start[:, None]
+    return pos.astype(jnp.int32)
+
+
+# ----------------------------------------------------------------------------------------------
+# Layers
+# ----------------------------------------------------------------------------------------------
+
+
+def _param(value, spec) -> nnx.Param:
+    # Specs are metadata only; placement happens in `shard_model` / `weights.from_pretrained`.
+    return nnx.Param(value, out_sharding=spec, eager_sharding=False)
+
+
+class Linear(nnx.Module):
+    """``y = x @ weight.T + bias`` with the Hugging Face ``[out, in]`` weight layout."""
+
+    def __init__(self, d_in, d_out, *, bias, spec, config: QwenConfig, rngs: nnx.Rngs):
+        init = jax.nn.initializers.normal(config.initializer_range)
+        self.weight = _param(init(rngs.params(), (d_out, d_in), config.param_dtype), spec)
+        self.bias = _param(jnp.zeros((d_out,), config.param_dtype), spec[:1]) if bias else None
+        self.dtype = config.dtype
+
+    def __call__(self, x):  # [..., in] -> [..., out]
+        y = jnp.einsum("...i,oi->...o", x.astype(self.dtype), self.weight[...].astype(self.dtype))
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.dtype)
+        return y
+
+
+class Embedding(nnx.Module):
+    """Token embedding table ``weight[V, E]`` (also the tied output head)."""
+
+    def __init__(self, config: QwenConfig, *, rngs: nnx.Rngs):
+        init = jax.nn.initializers.normal(config.initializer_range)
+        shape = (config.vocab_size, config.hidden_size)
+        self.weight = _param(init(rngs.params(), shape, config.param_dtype), ("tensor", "fsdp"))
+        self.dtype = config.dtype
+
+    def __call__(self, tokens):  # [B, T] -> [B, T, E]
+        return jnp.take(self.weight[...], tokens, axis=0).astype(self.dtype)
+
+    def attend(self, x):  # [B, T, E] -> [B, T, V]
+        return jnp.einsum("bte,ve->btv", x, self.weight[...].astype(self.dtype))
+
+
+class RMSNorm(nnx.Module):
+    """Qwen2RMSNorm: normalise in float32, cast back, then scale."""
+
+    def __init__(self, dim: int, config: QwenConfig):
+        self.weight = _param(jnp.ones((dim,), config.param_dtype), (None,))
+        self.eps = config.rms_norm_eps
+
+    def __call__(self, x):  # [..., E]
+        dtype = x.dtype
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.weight[...].astype(dtype) * x32.astype(dtype)
+
+
+def rope(x, positions, theta: float):
+    """Rotary embedding, Hugging Face "rotate half" layout. x [B, T, N, D], positions [B, T]."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))  # [D/2]
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [B, T, 1, D]
+    cos, sin = jnp.cos(emb).astype(x.dtype), jnp.sin(emb).astype(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return x * cos + rotated * sin
+
+
+class Qwen2Attention(nnx.Module):
+    """Grouped-query attention with q/k/v bias, no o bias, rotary positions, optional cache."""
+
+    def __init__(self, config: QwenConfig, *, rngs: nnx.Rngs):
+        c = config
+        self.config = c
+        kw = dict(config=c, rngs=rngs)
+        self.q_proj = Linear(c.hidden_size, c.num_attention_heads * c.head_dim, bias=True,
+                             spec=("tensor", "fsdp"), **kw)
+        self.k_proj = Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=True,
+                             spec=("tensor", "fsdp"), **kw)
+        self.v_proj = Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=True,
+                             spec=("tensor", "fsdp"), **kw)
+        self.o_proj = Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False,
+                             spec=("fsdp", "tensor"), **kw)
+
+    def __call__(self, x, positions, attn_mask, layer_cache=None, index=None):
+        """x [B, T, E]; attn_mask [B, T, S] bool (True = may attend).
+
+        Without a cache, S = T and keys are this call's tokens. With ``layer_cache = (k, v)``
+        of shape [B, K, S, D], the new keys/values are written at slot ``index`` and the
+        updated ``(k, v)`` is returned.
+        """
+        c = self.config
+        b, t, _ = x.shape
+        q = self.q_proj(x).reshape(b, t, c.num_attention_heads, c.head_dim)  # [B, T, H, D]
+        k = self.k_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim)  # [B, T, K, D]
+        v = self.v_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim)  # [B, T, K, D]
+        q = rope(q, positions, c.rope_theta)
+        k = rope(k, positions, c.rope_theta).transpose(0, 2, 1, 3)  # [B, K, T, D]
+        v = v.transpose(0, 2, 1, 3)  # [B, K, T, D]
+        if layer_cache is not None:
+            ck, cv = layer_cache
+            k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, 0, index, 0))
+            v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, index, 0))
+            layer_cache = (k, v)  # [B, K, S, D]
+        groups = c.num_attention_heads // c.num_key_value_heads
+        q = q.reshape(b, t, c.num_key_value_heads, groups, c.head_dim)
+        q = q.transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
+        scores = jnp.einsum("bkgtd,bksd->bkgts", q, k.astype(q.dtype),
+                            preferred_element_type=jnp.float32)  # [B, K, G, T, S]
+        scores = scores * (1.0 / math.sqrt(c.head_dim))
+        scores = jnp.where(attn_mask[:, None, None, :, :], scores, _MASK_VALUE)
+        probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+        out = jnp.einsum("bkgts,bksd->bkgtd", probs, v.astype(x.dtype))  # [B, K, G, T, D]
+        out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, c.num_attention_heads * c.head_dim)
+        return self.o_proj(out), layer_cache
+
+
+class Qwen2MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: QwenConfig, *, rngs: nnx.Rngs):
+        c = config
+        self.gate_proj = Linear(c.hidden_size, c.intermediate_size, bias=False,
+                                spec=("tensor", "fsdp"), config=c, rngs=rngs)
+        self.up_proj = Linear(c.hidden_size, c.intermediate_size, bias=False,
+                              spec=("tensor", "fsdp"), config=c, rngs=rngs)
+        self.down_proj = Linear(c.intermediate_size, c.hidden_size, bias=False,
+                                spec=("fsdp", "tensor"), config=c, rngs=rngs)
+
+    def __call__(self, x):  # [B, T, E] -> [B, T, E] via [B, T, F]
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Qwen2DecoderLayer(nnx.Module):
+    """Pre-norm residual block: attention then MLP."""
+
+    def __init__(self, config: QwenConfig, *, rngs: nnx.Rngs):
+        self.input_layernorm = RMSNorm(config.hidden_size, config)
+        self.self_attn = Qwen2Attention(config, rngs=rngs)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config)
+        self.mlp = Qwen2MLP(config, rngs=rngs)
+
+    def __call__(self, x, positions, attn_mask, layer_cache=None, index=None):
+        h, layer_cache = self.self_attn(self.input_layernorm(x), positions, attn_mask,
+                                        layer_cache, index)
+        x = x + h
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, layer_cache
+
+
+class Qwen2Model(nnx.Module):
+    """Embedding, decoder layers (a Python loop, unrolled under jit) and the final norm."""
+
+    def __init__(self, config: QwenConfig, *, rngs: nnx.Rngs):
+        self.embed_tokens = Embedding(config, rngs=rngs)
+        self.layers = nnx.List(
+            [Qwen2DecoderLayer(config, rngs=rngs) for _ in range(config.num_hidden_layers)]
+        )
+        self.norm = RMSNorm(config.hidden_size, config)
+
+
+class Qwen2ForCausalLM(nnx.Module):
+    """The causal LM. ``model(tokens, positions, attention_mask, cache) -> (logits, cache)``."""
+
+    def __init__(self, config: QwenConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.model = Qwen2Model(config, rngs=rngs)
+        if config.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False,
+                                  spec=("tensor", "fsdp"), config=config, rngs=rngs)
+
+    def init_cache(self, batch: int, size: int, dtype=None) -> KVCache:
+        return KVCache.init(self.config, batch, size, dtype)
+
+    def __call__(
+        self,
+        tokens: jax.Array,
+        positions: jax.Array,
+        attention_mask: jax.Array | None = None,
+        cache: KVCache | None = None,
+        *,
+        logits_at: jax.Array | None = None,
+    ) -> tuple[jax.Array, KVCache | None]:
+        """Runs the decoder.
+
+        Args:
+          tokens: [B, T] int token ids.
+          positions: [B, T] rotary positions (``positions_from_mask``).
+          attention_mask: [B, T], 1 for real tokens, 0 for padding; None means all real.
+          cache: optional ``KVCache``; the tokens are appended at ``cache.index`` (the caller
+            must leave room: ``cache.index + T <= cache.size``, slots past the end are lost).
+          logits_at: optional [B] index into T; then logits are computed only there and have
+            shape [B, 1, V] (saves the vocabulary projection during prefill).
+
+        Returns:
+          ``(logits [B, T, V] float32, updated cache or None)``.
+        """
+        b, t = tokens.shape
+        mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
+        x = self.model.embed_tokens(tokens)  # [B, T, E]
+
+        if cache is None:
+            causal = jnp.tril(jnp.ones((t, t), bool))  # [T, S=T]
+            attn_mask = causal[None] & mask[:, None, :]  # [B, T, T]
+            index, kv, new_cache = None, [None] * len(self.model.layers), None
+        else:
+            index = cache.index
+            valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, index))  # [B, S]
+            slots = jnp.arange(cache.size)  # [S]
+            query_slot = index + jnp.arange(t)  # [T]
+            attn_mask = (slots[None, :] <= query_slot[:, None])[None] & valid[:, None, :]
+            kv = list(zip(cache.k, cache.v, strict=True))
+
+        new_kv = []
+        for layer, layer_cache in zip(self.model.layers, kv, strict=True):
+            x, layer_cache = layer(x, positions, attn_mask, layer_cache, index)
+            new_kv.append(layer_cache)
+
+        if cache is not None:
+            new_cache = KVCache(
+                k=tuple(k for k, _ in new_kv),
+                v=tuple(v for _, v in new_kv),
+                valid=valid,
+                index=(index + t).astype(jnp.int32),
+                lengths=(cache.lengths + mask.sum(axis=1)).astype(jnp.int32),
+            )
+
+        if logits_at is not None:
+            x = jnp.take_along_axis(x, logits_at[:, None, None].astype(jnp.int32), axis=1)
+        x = self.model.norm(x)
+        if self.lm_head is None:
+            logits = self.model.embed_tokens.attend(x)
+        else:
+            logits = self.lm_head(x)
+        return logits.astype(jnp.float32), new_cache
+
+
+# ----------------------------------------------------------------------------------------------
+# Sharding helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def fit_spec(spec, shape, mesh: Mesh) -> PartitionSpec:
+    """``spec`` restricted to ``mesh``: axes the mesh lacks, or that do not divide the
+    dimension (e.g. 2 KV heads on a tensor axis of 4), are replaced by replication."""
+    spec = tuple(spec) if spec is not None else ()
+    out = []
+    for dim, axis in zip(shape, spec + (None,) * (len(shape) - len(spec)), strict=False):
+        names = axis if isinstance(axis, tuple) else (axis,) if axis else ()
+        names = tuple(n for n in names if n in mesh.shape)
+        size = math.prod(mesh.shape[n] for n in names)
+        out.append(names if names and dim % size == 0 else None)
+    out = [o[0] if isinstance(o, tuple) and len(o) == 1 else o for o in out]
+    return PartitionSpec(*out)
+
+
+def param_shardings(state, mesh: Mesh):
+    """NamedShardings for an NNX state (concrete or abstract) from its ``out_sharding``."""
+
+    def one(var):
+        spec = var.get_metadata().get("out_sharding")
+        return NamedSharding(mesh, fit_spec(spec, var.shape, mesh))
+
+    return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def shard_model(model: Qwen2ForCausalLM, mesh: Mesh) -> Qwen2ForCausalLM:
+    """Places every parameter of ``model`` on ``mesh`` following its partition spec (in place)."""
+    state = nnx.state(model)
+    shardings = param_shardings(state, mesh)
+    values = jax.tree.map(
+        lambda var, s: jax.device_put(var[...], s),
+        state,
+        shardings,
+        is_leaf=lambda x: isinstance(x, nnx.Variable),
+    )
+    nnx.update(model, values)
+    return model

@@ -1,0 +1,171 @@
+"""Tokenizers: a Hugging Face model folder's own, or the built-in one of the tiny preset.
+
+The built-in tokenizer is a byte-level BPE trained in code, at first use, on a fixed corpus of
+the text the RAGEN environments and prompts produce (Sokoban/FrozenLake grids, action words,
+bandit arm names, the turn template, numbers). Byte-level means any string round-trips, even
+text the corpus never showed; the corpus only decides which strings are compact. It is
+deterministic (same corpus, same trainer settings, no randomness) and needs no download.
+
+Specials follow Qwen2.5's ChatML: ``<|endoftext|>`` (padding), ``<|im_start|>``, ``<|im_end|>``
+(end of turn, the eos token). ``<think>``, ``</think>``, ``<answer>``, ``</answer>`` and
+``||`` are single ordinary tokens (kept by ``decode(skip_special_tokens=True)``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+# The tiny preset's vocabulary size (the model's embedding rows); the BPE never exceeds it.
+TINY_VOCAB_SIZE = 1024
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+TAG_TOKENS = ("<think>", "</think>", "<answer>", "</answer>", "||")
+
+# ChatML, as Qwen2.5 writes it, without Qwen's default system message.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def load(path: str | os.PathLike | None = None) -> PreTrainedTokenizerBase:
+    """The tokenizer of a model folder, or the built-in tiny one for ``None`` / ``"tiny"``.
+
+    Folders load through ``transformers.AutoTokenizer`` without remote code, keeping the
+    folder's chat template.
+    """
+    if path is None or str(path) == "tiny":
+        return builtin()
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"tokenizer folder not found: {path}")
+    return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+
+
+@functools.lru_cache(maxsize=1)
+def _trained_json() -> str:
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TINY_VOCAB_SIZE - len(TAG_TOKENS),
+        min_frequency=2,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.add_tokens(list(TAG_TOKENS))
+    return tok.to_str()
+
+
+def builtin() -> PreTrainedTokenizerFast:
+    """The built-in tiny tokenizer (a fresh wrapper each call; training is cached)."""
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(_trained_json()),
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+        model_max_length=4096,
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    if len(tok) > TINY_VOCAB_SIZE:
+        raise RuntimeError(f"built-in tokenizer has {len(tok)} > {TINY_VOCAB_SIZE} tokens")
+    return tok
+
+
+# ----------------------------------------------------------------------------------------------
+# The fixed training corpus
+# ----------------------------------------------------------------------------------------------
+
+_SOKOBAN_GRIDS = [
+    "######\n#___O#\n#_X__#\n#__P_#\n#____#\n######",
+    "######\n#P___#\n#_X#_#\n#__O_#\n##___#\n######",
+    "######\n#__#_#\n#_√__#\n#_S__#\n#____#\n######",
+    "########\n#__O___#\n#_X__X_#\n#___P__#\n#_O____#\n########",
+]
+_FROZEN_GRIDS = ["P___\n_O__\n___O\nO__G", "_O_G\n__P_\nO___\n____", "____\n_X__\n__OG\n____",
+                 "___O\n_O__\n___√\n____"]
+_ARMS = ["Teacher", "Trader", "Librarian", "Investor", "Gardener", "Cryptominer", "Receptionist",
+         "Explorer", "Cashier", "DataScientist", "phoenix", "dragon"]
+
+_SOKOBAN_SYSTEM = (
+    "You're a helpful assistant. You are solving the Sokoban puzzle. You are the player and you "
+    "need to push all boxes to targets. When you are right next to a box, you can push it by "
+    "moving in the same direction. You cannot push a box through a wall, and you cannot pull a "
+    "box. The answer should be a sequence of actions, like <answer>Right || Right || Up</answer>"
+    "\nThe meaning of each symbol in the state is:\n#: wall, _: empty, O: target, √: box on "
+    "target, X: box, P: player, S: player on target\nYour available actions are:\nUp, Down, "
+    "Left, Right\nYou can make up to 10 actions, separated by the action separator \" || \"\n"
+)
+_FROZEN_SYSTEM = (
+    "You're a helpful assistant. You are walking on a frozen lake. Reach the goal G without "
+    "falling into a hole O. The ice is slippery, so you may move in a direction you did not "
+    "choose.\nThe meaning of each symbol in the state is:\nP: player, _: empty, O: hole, "
+    "G: goal, X: player in hole, √: player on goal\nYour available actions are:\nLeft, Down, "
+    "Right, Up\n"
+)
+_BANDIT_PROMPT = (
+    "You are playing a bandit game. There are two arms, {a} and {b}. Each arm gives points "
+    "drawn from an unknown reward distribution. Infer the risk of each arm from its name and "
+    "choose the arm with the higher expected reward. Answer with the name of one arm, like "
+    "<answer> {a} </answer>."
+)
+_TURN = (
+    "\nTurn {k}:\nState:\n{obs}\nYou have {left} actions left. Always output: <think> [Your "
+    "thoughts] </think> <answer> [your answer] </answer> with no extra text. Strictly follow "
+    "this format. Max response length: {mt} words (tokens).\n"
+)
+_WARNING = ("No valid action provided previously. Environment state remains the same. Please "
+            "try again.\n")
+_THOUGHTS = [
+    "The box is to the left of the target, so I should push it right.",
+    "I am above the box. I need to move down to push the box down onto the target.",
+    "The goal is below and to the right. I will move right then down and avoid the hole.",
+    "The player is next to a wall. Moving up is not possible, so I go left first.",
+    "A teacher has a stable income with low risk, while a trader takes more risk for a higher "
+    "reward. I choose the arm with the higher expected value.",
+    "Let me think step by step about where the player is and where the box should go.",
+    "The first action moves the player, the second action pushes the box onto the target.",
+]
+_ENGLISH = (
+    "the a an is are was be to of and in on at for with by from as it this that these those "
+    "I you we he she they my your our me us what which who when where why how if then else so "
+    "not no yes can cannot should would will must may might do does did done have has had "
+    "first second next last left right up down above below near far one two three four five "
+    "move moves moving push pushes pushed pull go goes step steps turn turns action actions "
+    "state reward rewards points score player box boxes target targets wall walls empty hole "
+    "holes goal grid map row rows col cols column board position coordinates zero indexed "
+    "answer think thought thoughts reason because therefore need want try again valid invalid "
+    "correct wrong best better higher lower more less risk income expected value arm arms"
+)
+
+
+def _corpus() -> list[str]:
+    """The fixed corpus: prompt templates filled with env-like values, plus plain words."""
+    texts = [_SOKOBAN_SYSTEM, _FROZEN_SYSTEM, _WARNING, _ENGLISH, _ENGLISH.capitalize()]
+    for k in range(1, 11):
+        for i, grid in enumerate(_SOKOBAN_GRIDS + _FROZEN_GRIDS):
+            texts.append(_TURN.format(k=k, obs=grid, left=10 - k + i % 3, mt=100 + 20 * (i % 2)))
+    for a, b in zip(_ARMS[::2], _ARMS[1::2], strict=True):
+        texts.append(_BANDIT_PROMPT.format(a=a, b=b))
+        texts.append(f"{a}: 0.1 points\n{b}: 1.0 points\n{b}: 0.0 points")
+    moves = ["Up", "Down", "Left", "Right"]
+    for i, thought in enumerate(_THOUGHTS * 3):
+        acts = " || ".join(moves[(i + j) % 4] for j in range(1 + i % 3))
+        texts.append(f"<think>{thought}</think><answer>{acts}</answer>")
+        texts.append(f"<think> {thought} </think> <answer> {acts} </answer>")
+    for r in range(10):
+        texts.append(f"Reward:\n{-0.1 * r:.1f}\nReward:\n{r}\nReward:\n10.0\nReward:\n-1.0")
+        texts.append(f"Board size: 6 rows x 6 cols (zero-indexed).\nTargets: ({r % 6}, {r // 2})"
+                     f"\nBoxes: ({(r + 2) % 6}, {r % 4})\nPlayer: ({r % 5}, {(r + 3) % 6})")
+    texts.append(" ".join(str(n) for n in range(200)))
+    texts.append("system user assistant\nsystem\nuser\nassistant\n")
+    return texts

@@ -1,0 +1,160 @@
+"""Hugging Face Qwen2 checkpoint folders <-> the NNX model, both ways.
+
+Parameters keep the Hugging Face names and layouts (see ``qwen.py``), so the mapping is the
+identity: NNX path ``("model", "layers", 0, "mlp", "up_proj", "weight")`` is the safetensors
+key ``model.layers.0.mlp.up_proj.weight``. Only safetensors are read (never pickle), through
+``safetensors.safe_open(..., framework="numpy")``, which reads each tensor out of a memory map
+one at a time, so a sharded load never holds more than one host copy of one tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from ragen_jax.models.qwen import Qwen2ForCausalLM, QwenConfig, param_shardings
+
+# Keys some hub checkpoints carry that the model does not need.
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+
+
+class CheckpointError(ValueError):
+    """A model folder that cannot be loaded; the message is one line that says why."""
+
+
+def _path_key(path) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def load_config(path: str | os.PathLike, *, dtype=jnp.float32) -> QwenConfig:
+    """Reads ``config.json`` of a Qwen2 folder into a ``QwenConfig``."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"model folder not found: {path}")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise CheckpointError(f"no config.json in {path}")
+    try:
+        d = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{cfg_file} is not valid JSON: {e}") from None
+    archs = d.get("architectures") or []
+    model_type = d.get("model_type")
+    if model_type != "qwen2" or (archs and "Qwen2ForCausalLM" not in archs):
+        raise CheckpointError(
+            f"{path} holds model_type={model_type!r} architectures={archs}, "
+            "but only Qwen2ForCausalLM (model_type 'qwen2') is supported"
+        )
+    try:
+        return QwenConfig.from_hf_dict(d, dtype=dtype)
+    except (KeyError, ValueError) as e:
+        raise CheckpointError(f"{cfg_file}: unsupported or incomplete config: {e}") from None
+
+
+def _tensor_files(path: Path) -> dict[str, Path]:
+    """Maps every tensor name to the safetensors file that holds it."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = {k: path / f for k, f in weight_map.items()}
+        for f in set(files.values()):
+            if not f.is_file():
+                raise CheckpointError(f"{index.name} names {f.name}, which is missing in {path}")
+        return files
+    single = path / "model.safetensors"
+    candidates = [single] if single.is_file() else sorted(path.glob("*.safetensors"))
+    if not candidates:
+        raise CheckpointError(f"no *.safetensors weights in {path} (pickle .bin is not read)")
+    files = {}
+    for f in candidates:
+        with safe_open(f, framework="numpy") as fh:
+            for k in fh.keys():
+                files[k] = f
+    return files
+
+
+def from_pretrained(
+    path: str | os.PathLike, *, dtype=jnp.float32, mesh: Mesh | None = None
+) -> Qwen2ForCausalLM:
+    """Loads a Hugging Face Qwen2/Qwen2.5 folder (config.json + safetensors) into NNX.
+
+    ``dtype`` is used both for the stored parameters and for compute. With a ``mesh``, each
+    tensor is put straight onto its ``NamedSharding`` (from the parameters' partition specs);
+    without, onto the default device. Raises ``CheckpointError`` with a one-line message for a
+    missing folder, config or weights, a non-Qwen2 architecture, missing or unexpected keys
+    and shape mismatches.
+    """
+    path = Path(path)
+    config = load_config(path, dtype=dtype)
+    files = _tensor_files(path)
+
+    abstract = nnx.eval_shape(lambda: Qwen2ForCausalLM(config, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    flat = nnx.to_flat_state(state)
+    expected = {_path_key(p): var for p, var in flat}
+
+    present = {k for k in files if not k.endswith(_IGNORED_SUFFIXES)}
+    if config.tie_word_embeddings:
+        present.discard("lm_head.weight")  # some tied checkpoints still store it
+    missing = sorted(set(expected) - present)
+    unexpected = sorted(present - set(expected))
+    if missing:
+        raise CheckpointError(f"{path}: missing keys {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+    if unexpected:
+        raise CheckpointError(
+            f"{path}: unexpected keys {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}"
+        )
+
+    shardings = param_shardings(state, mesh) if mesh is not None else None
+    flat_shardings = dict(nnx.to_flat_state(shardings)) if shardings is not None else {}
+
+    by_file: dict[Path, list[str]] = {}
+    for k in expected:
+        by_file.setdefault(files[k], []).append(k)
+    values = {}
+    for f, keys in by_file.items():
+        with safe_open(f, framework="numpy") as fh:
+            for k in keys:
+                arr = fh.get_tensor(k)
+                var = expected[k]
+                if tuple(arr.shape) != tuple(var.shape):
+                    raise CheckpointError(
+                        f"{path}: shape mismatch for {k}: checkpoint {tuple(arr.shape)}, "
+                        f"model {tuple(var.shape)}"
+                    )
+                arr = arr.astype(jnp.dtype(dtype))
+                p = tuple(int(x) if x.isdigit() else x for x in k.split("."))
+                if mesh is not None:
+                    sh = flat_shardings[p]
+                    sh = sh.value if isinstance(sh, nnx.Variable) else sh
+                    values[p] = jax.device_put(arr, sh)
+                else:
+                    values[p] = jnp.asarray(arr)
+
+    for p, var in flat:
+        var.set_value(values[tuple(p)])
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def save_pretrained(model: Qwen2ForCausalLM, path: str | os.PathLike) -> None:
+    """Writes ``config.json`` and ``model.safetensors`` loadable by ``transformers``.
+
+    Tensors keep the model's parameter dtype (float32 or bfloat16). Sharded parameters are
+    gathered to the host one at a time.
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for p, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        tensors[_path_key(p)] = np.ascontiguousarray(jax.device_get(var[...]))
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps(model.config.to_hf_dict(), indent=2) + "\n")

@@ -1,0 +1,271 @@
+"""Batched generation with a KV cache: one jitted prefill + ``lax.while_loop`` decode.
+
+Per call (one turn):
+
+1. The host left-pads the prompt chunk to a power-of-two bucket (bounding recompiles).
+2. On device, in one jitted function whose KV cache argument is donated: prefill the chunk into
+   the cache (continuing an existing cache for later turns), then decode token by token in a
+   ``lax.while_loop`` until every sequence has hit a stop token or its token budget, or the
+   static ``max_new_tokens`` steps are done. No host round trip happens inside the loop.
+3. Each generated token is also fed back into the cache (the last one included), so the
+   returned cache holds the whole trajectory and the next turn only prefills its new tokens.
+
+Slot layout: the turn occupies ``prompt_bucket + steps`` consecutive cache slots, shared by the
+batch; ``SampleOutput`` returns the slot tokens and validity (``prompt_tokens``/``prompt_mask``
+and ``tokens[:, :steps]``/``mask[:, :steps]``), which is exactly what the trainer needs to
+recompute ``model_logprobs`` with one full forward pass (see ``models/qwen.py``).
+
+Log-probs: ``logprobs`` is the log-probability of each sampled token under the distribution it
+was drawn from (temperature, then top-k, then top-p, renormalised); ``model_logprobs`` is
+``log_softmax(logits / temperature)`` without truncation, the quantity a trainer recomputes.
+For greedy decoding (temperature 0) both are the temperature-1 ``log_softmax(logits)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from ragen_jax.models.qwen import KVCache, Qwen2ForCausalLM, positions_from_mask
+
+_NEG_INF = float("-inf")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Static decoding settings (each distinct value compiles once).
+
+    temperature: 0 means greedy. top_k: 0 means off. top_p: 1.0 means off. Ties at the top-k
+    or top-p threshold are kept (so slightly more than k tokens can survive on exact ties).
+    """
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+        if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"bad sampling params {self}")
+
+
+@flax.struct.dataclass
+class SampleOutput:
+    """The result of one ``Sampler`` call (device arrays)."""
+
+    tokens: jax.Array  # [B, N] int32 generated tokens; pad_id after a sequence ends
+    mask: jax.Array  # [B, N] bool: token was generated (stop token included)
+    logprobs: jax.Array  # [B, N] float32 under the sampling distribution; 0 where masked
+    model_logprobs: jax.Array  # [B, N] float32 log_softmax(logits / T); 0 where masked
+    lengths: jax.Array  # [B] int32 generated tokens per sequence
+    steps: jax.Array  # [] int32 decode steps run (= cache slots used after the prompt)
+    prompt_tokens: jax.Array  # [B, P] the bucketed (left-padded) prompt chunk
+    prompt_mask: jax.Array  # [B, P] bool
+    cache: KVCache  # the cache after this turn (prompt and generated tokens in it)
+
+    def slots(self) -> tuple[jax.Array, jax.Array]:
+        """The turn's cache slots as ``(tokens, mask)`` of shape ``[B, P + steps]``.
+
+        Appending these per turn gives the trajectory's slot sequence; a full forward pass over
+        it with ``attention_mask = mask`` and ``positions_from_mask(mask)`` recomputes
+        ``model_logprobs`` (generated token ``i`` is predicted at slot ``P - 1 + i``).
+        """
+        steps = int(self.steps)
+        tokens = jnp.concatenate([self.prompt_tokens, self.tokens[:, :steps]], axis=1)
+        mask = jnp.concatenate([self.prompt_mask, self.mask[:, :steps]], axis=1)
+        return tokens, mask
+
+
+def bucket_length(n: int, minimum: int = 16) -> int:
+    """The smallest power of two >= max(n, minimum)."""
+    n = max(int(n), minimum, 1)
+    return 1 << (n - 1).bit_length()
+
+
+def pad_prompts(prompts, mask=None, *, bucket: int | None = None, pad_id: int = 0,
+                min_bucket: int = 16):
+    """Host-side: left-pads prompts into ``[B, bucket]`` numpy arrays (tokens, mask).
+
+    ``prompts`` is a list of token lists, or a ``[B, T]`` array with an optional ``mask``
+    (padding anywhere; only real tokens are kept, in order).
+    """
+    if isinstance(prompts, np.ndarray | jax.Array):
+        arr = np.asarray(prompts)
+        m = np.ones(arr.shape, bool) if mask is None else np.asarray(mask).astype(bool)
+        rows = [arr[i][m[i]].tolist() for i in range(arr.shape[0])]
+    else:
+        rows = [list(map(int, p)) for p in prompts]
+    longest = max(len(r) for r in rows)
+    size = bucket if bucket is not None else bucket_length(longest, min_bucket)
+    if longest > size:
+        raise ValueError(f"prompt of {longest} tokens does not fit bucket {size}")
+    tokens = np.full((len(rows), size), pad_id, np.int32)
+    valid = np.zeros((len(rows), size), bool)
+    for i, r in enumerate(rows):
+        if r:
+            tokens[i, size - len(r):] = r
+            valid[i, size - len(r):] = True
+    return tokens, valid
+
+
+def _filter_logits(logits, sp: SamplingParams):
+    """Applies temperature, top-k, top-p; returns the (masked) logits to sample from."""
+    x = logits / sp.temperature
+    if sp.top_k and sp.top_k < x.shape[-1]:
+        top_vals, _ = jax.lax.top_k(x, sp.top_k)  # [B, k], sorted descending
+        x = jnp.where(x < top_vals[:, -1:], _NEG_INF, x)
+        sorted_x = top_vals
+    else:
+        sorted_x = -jnp.sort(-x, axis=-1) if sp.top_p < 1.0 else None
+    if sp.top_p < 1.0:
+        probs = jax.nn.softmax(sorted_x, axis=-1)
+        mass_before = jnp.cumsum(probs, axis=-1) - probs
+        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+        keep = mass_before < sp.top_p
+        threshold = jnp.min(jnp.where(keep, sorted_x, jnp.inf), axis=-1, keepdims=True)
+        x = jnp.where(x < threshold, _NEG_INF, x)
+    return x
+
+
+def sample_token(logits, key, sp: SamplingParams):
+    """One token per row from ``logits[B, V]``: (token, logprob, model_logprob)."""
+    if sp.temperature == 0:
+        lp = jax.nn.log_softmax(logits, axis=-1)
+        tok = jnp.argmax(logits, axis=-1)
+        chosen = jnp.take_along_axis(lp, tok[:, None], axis=-1)[:, 0]
+        return tok.astype(jnp.int32), chosen, chosen
+    model_lp = jax.nn.log_softmax(logits / sp.temperature, axis=-1)
+    x = _filter_logits(logits, sp)
+    tok = jax.random.categorical(key, x, axis=-1)
+    samp_lp = jax.nn.log_softmax(x, axis=-1)
+    pick = lambda a: jnp.take_along_axis(a, tok[:, None], axis=-1)[:, 0]  # noqa: E731
+    return tok.astype(jnp.int32), pick(samp_lp), pick(model_lp)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "sp", "pad_id"), donate_argnames=("cache",))
+def _generate(graphdef, state, cache, tokens, mask, stop, budget, active, key, *, sp, pad_id):
+    """Prefill ``tokens[B, P]`` into ``cache``, then decode up to ``sp.max_new_tokens``."""
+    model = nnx.merge(graphdef, state)
+    b, p = tokens.shape
+    n = sp.max_new_tokens
+
+    # Prefill; logits only at each row's last real token.
+    last = (p - 1 - jnp.argmax(mask[:, ::-1], axis=1)).astype(jnp.int32)  # [B]
+    pos = positions_from_mask(mask, cache.lengths)
+    logits, cache = model(tokens, pos, mask, cache, logits_at=last)
+
+    def cond(s):
+        step, _, _, done, *_ = s
+        return (step < n) & ~jnp.all(done)
+
+    def body(s):
+        step, cache, logits, done, lengths, out_tok, out_lp, out_mlp = s
+        tok, lp, mlp = sample_token(logits, jax.random.fold_in(key, step), sp)
+        emit = ~done  # [B]
+        tok = jnp.where(emit, tok, pad_id)
+        out_tok = out_tok.at[:, step].set(tok)
+        out_lp = out_lp.at[:, step].set(jnp.where(emit, lp, 0.0))
+        out_mlp = out_mlp.at[:, step].set(jnp.where(emit, mlp, 0.0))
+        lengths = lengths + emit
+        is_stop = jnp.any(tok[:, None] == stop, axis=-1)
+        done = done | (emit & (is_stop | (lengths >= budget)))
+        # Feed the token back (padding slot for finished rows) so the cache holds it.
+        new_logits, cache = model(tok[:, None], cache.lengths[:, None], emit[:, None], cache)
+        return step + 1, cache, new_logits[:, 0], done, lengths, out_tok, out_lp, out_mlp
+
+    init = (
+        jnp.zeros((), jnp.int32),
+        cache,
+        logits[:, 0],
+        ~active | (budget <= 0),
+        jnp.zeros((b,), jnp.int32),
+        jnp.full((b, n), pad_id, jnp.int32),
+        jnp.zeros((b, n), jnp.float32),
+        jnp.zeros((b, n), jnp.float32),
+    )
+    step, cache, _, _, lengths, out_tok, out_lp, out_mlp = jax.lax.while_loop(cond, body, init)
+    out_mask = jnp.arange(n)[None, :] < lengths[:, None]
+    return SampleOutput(tokens=out_tok, mask=out_mask, logprobs=out_lp, model_logprobs=out_mlp,
+                        lengths=lengths, steps=step, prompt_tokens=tokens, prompt_mask=mask,
+                        cache=cache)
+
+
+class Sampler:
+    """Generates continuations for a batch of prompts with a (possibly continued) KV cache.
+
+    The model is split once into graph definition and parameter state, so parameters are
+    jit arguments (not constants baked into the program). Call ``update(model)`` after a
+    training step to sample from new weights without recompiling.
+    """
+
+    def __init__(self, model: Qwen2ForCausalLM, *, pad_id: int = 0, min_bucket: int = 16):
+        self.graphdef, self.state = nnx.split(model)
+        self.config = model.config
+        self.pad_id = int(pad_id)
+        self.min_bucket = int(min_bucket)
+
+    def update(self, model: Qwen2ForCausalLM) -> None:
+        """Uses ``model``'s current parameters from now on."""
+        self.graphdef, self.state = nnx.split(model)
+
+    def __call__(
+        self,
+        prompts,
+        *,
+        key: jax.Array,
+        params: SamplingParams = SamplingParams(),
+        mask=None,
+        stop_tokens: Sequence[int] | np.ndarray = (),
+        max_new: Sequence[int] | np.ndarray | None = None,
+        active: Sequence[bool] | np.ndarray | None = None,
+        cache: KVCache | None = None,
+        bucket: int | None = None,
+    ) -> SampleOutput:
+        """Samples up to ``params.max_new_tokens`` tokens after each prompt.
+
+        Args:
+          prompts: list of token lists, or a ``[B, T]`` array with ``mask`` (the new chunk
+            only, when continuing a cache). Every active row needs at least one real token.
+          key: PRNG key; the same key, inputs and params give the same output.
+          stop_tokens: ids that end a sequence (the stop token is emitted and counted), shared
+            ``[K]`` or per sequence ``[B, K]`` (pad with -1).
+          max_new: optional per-sequence token budgets ``[B]`` (<= ``params.max_new_tokens``).
+          active: optional ``[B]`` bool; inactive rows generate nothing (finished episodes).
+          cache: continue this cache (it is donated: do not reuse the passed object). It grows
+            to the next power of two when the chunk and the new tokens do not fit.
+          bucket: force the prompt bucket length (default: power of two >= longest prompt).
+        """
+        tokens, valid = pad_prompts(prompts, mask, bucket=bucket, pad_id=self.pad_id,
+                                    min_bucket=self.min_bucket)
+        b, p = tokens.shape
+        n = params.max_new_tokens
+        if cache is None:
+            cache = KVCache.init(self.config, b, p + n)
+        else:
+            if cache.batch != b:
+                raise ValueError(f"cache batch {cache.batch} != prompt batch {b}")
+            need = int(cache.index) + p + n  # one host read, outside the decode loop
+            if need > cache.size:
+                cache = cache.grow(bucket_length(need))
+        stop = np.asarray(stop_tokens, np.int32)
+        if stop.ndim <= 1:  # shared stop list -> one row per sequence
+            stop = np.broadcast_to(stop.reshape(1, -1), (b, stop.size))
+        if stop.shape[1] == 0:
+            stop = np.full((b, 1), -1, np.int32)  # -1 never matches a token
+        budget = np.full((b,), n, np.int32) if max_new is None else np.minimum(
+            np.asarray(max_new, np.int32), n)
+        act = np.ones((b,), bool) if active is None else np.asarray(active, bool)
+        if np.any(act & ~valid.any(axis=1)):
+            raise ValueError("every active sequence needs at least one real prompt token")
+        return _generate(self.graphdef, self.state, cache, jnp.asarray(tokens), jnp.asarray(valid),
+                         jnp.asarray(stop), jnp.asarray(budget), jnp.asarray(act), key,
+                         sp=params, pad_id=self.pad_id)

@@ -1,0 +1,62 @@
+"""A forward pass on 8 simulated CPU devices equals the single-device one.
+
+Runs in a subprocess: the test process has already initialised JAX with one CPU device.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import jax
+    jax.config.update("jax_num_cpu_devices", 8)
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from ragen_jax.models import (Qwen2ForCausalLM, QwenConfig, from_pretrained,
+                                  positions_from_mask, save_pretrained, shard_model)
+
+    assert jax.device_count() == 8, jax.devices()
+    cfg = QwenConfig(vocab_size=512, hidden_size=64, intermediate_size=128,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    model = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))
+    rng = np.random.RandomState(0)
+    tokens = jnp.asarray(rng.randint(0, 512, (4, 8)))
+    mask = jnp.asarray(rng.rand(4, 8) < 0.8).at[:, 0].set(True)
+    pos = positions_from_mask(mask)
+
+    @jax.jit
+    def fwd(graphdef, state, tokens, pos, mask):
+        return nnx.merge(graphdef, state)(tokens, pos, mask)[0]
+
+    ref = np.asarray(fwd(*nnx.split(model), tokens, pos, mask))
+    save_pretrained(model, sys.argv[1])
+
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 2, 2), ("data", "fsdp", "tensor"))
+    batch = NamedSharding(mesh, P(("data", "fsdp")))
+    args = [jax.device_put(x, batch) for x in (tokens, pos, mask)]
+    for m in (shard_model(model, mesh), from_pretrained(sys.argv[1], mesh=mesh)):
+        w = m.model.layers[0].self_attn.q_proj.weight[...]
+        assert w.sharding.spec == P("tensor", "fsdp"), w.sharding
+        assert len(w.addressable_shards) == 8 and w.addressable_shards[0].data.shape == (32, 32)
+        out = fwd(*nnx.split(m), *args)
+        assert len(out.sharding.device_set) == 8
+        err = float(np.abs(np.asarray(out) - ref).max())
+        assert err < 1e-5, err
+    print("SHARDED_OK")
+    """
+)
+
+
+def test_forward_on_8_devices_equals_single_device(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root), JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "ckpt")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "SHARDED_OK" in proc.stdout, proc.stderr[-3000:]

@@ -1,0 +1,166 @@
+"""The KV-cache sampler: greedy parity with transformers, sampling law, truncation, turns."""
+
+import tempfile
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from scipy import stats
+
+from ragen_jax.models import Qwen2ForCausalLM, QwenConfig, positions_from_mask
+from ragen_jax.rollout import Sampler, SamplingParams
+
+CFG = QwenConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0)
+PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]]
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(1))
+    # Sharpen the output distribution (random init is near-uniform over 512 tokens), so the
+    # sampling tests see a distribution with structure: a few likely tokens and a long tail.
+    head = m.lm_head.weight
+    head[...] = head[...] * 10.0
+    return m
+
+
+@pytest.fixture(scope="module")
+def sampler(model):
+    return Sampler(model)
+
+
+@jax.jit
+def _full_jit(graphdef, state, tokens, mask):
+    return nnx.merge(graphdef, state)(tokens, positions_from_mask(mask), mask)[0]
+
+
+def _teacher_forced_logits(model, out):
+    """Logits that produced each generated token, from one full forward over the slots."""
+    steps = int(out.steps)
+    p = out.prompt_tokens.shape[1]
+    tokens, mask = out.slots()
+    np.testing.assert_array_equal(np.asarray(mask), np.asarray(out.cache.valid[:, :p + steps]))
+    full = np.asarray(_full_jit(*nnx.split(model), tokens, mask))
+    return full[:, p - 1: p - 1 + steps]  # [B, steps, V]
+
+
+def test_greedy_matches_transformers_generate(model, sampler):
+    torch = pytest.importorskip("torch")
+    import transformers
+
+    from ragen_jax.models import save_pretrained
+
+    with tempfile.TemporaryDirectory() as d:
+        save_pretrained(model, d)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(d).eval()
+    gp = SamplingParams(max_new_tokens=16, temperature=0.0)
+    first = sampler(PROMPTS, key=jax.random.key(0), params=gp)
+    stop = int(first.tokens[0, 5])  # a token row 0 emits at step 5: it must stop there
+    out = sampler(PROMPTS, key=jax.random.key(0), params=gp, stop_tokens=[stop])
+
+    width = max(map(len, PROMPTS))
+    ids = np.zeros((3, width), np.int64)
+    am = np.zeros((3, width), np.int64)
+    for i, p in enumerate(PROMPTS):
+        ids[i, width - len(p):], am[i, width - len(p):] = p, 1
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor(ids), attention_mask=torch.tensor(am), max_new_tokens=16,
+                          do_sample=False, eos_token_id=stop, pad_token_id=0)[:, width:].numpy()
+    lengths = np.asarray(out.lengths)
+    first_stop = np.asarray(first.tokens[0]).tolist().index(stop)
+    assert lengths[0] == first_stop + 1 < 16
+    for i in range(3):
+        np.testing.assert_array_equal(np.asarray(out.tokens[i, : lengths[i]]),
+                                      ref[i, : lengths[i]])
+        assert (np.asarray(out.tokens[i, lengths[i]:]) == 0).all()
+        assert np.asarray(out.mask[i]).sum() == lengths[i]
+
+
+def test_frequencies_match_softmax(model, sampler):
+    """Chi-square goodness of fit of 4096 first tokens against softmax(logits / T)."""
+    n, temp = 4096, 0.7
+    out = sampler([PROMPTS[0]] * n, key=jax.random.key(3),
+                  params=SamplingParams(max_new_tokens=1, temperature=temp))
+    logits = _teacher_forced_logits(model, out)[0, 0]
+    counts = np.bincount(np.asarray(out.tokens[:, 0]), minlength=CFG.vocab_size)
+
+    def chi2_pvalue(probs):
+        expected = probs * n
+        big = expected >= 5
+        obs = np.append(counts[big], counts[~big].sum())
+        exp = np.append(expected[big], max(expected[~big].sum(), 1e-9))  # tail pooled
+        stat = ((obs - exp) ** 2 / exp).sum()
+        return stats.chi2.sf(stat, len(obs) - 1), big.sum()
+
+    probs = np.asarray(jax.nn.softmax(logits / temp))
+    p_value, bins = chi2_pvalue(probs)
+    assert bins >= 10, "distribution too flat for a meaningful test"
+    assert p_value > 1e-3, p_value
+    # The same test rejects a slightly wrong temperature (so it can fail).
+    wrong, _ = chi2_pvalue(np.asarray(jax.nn.softmax(logits / (temp * 1.3))))
+    assert wrong < 1e-6, wrong
+    # Returned log-probs are those of the sampled tokens under the model.
+    lp = np.log(probs)[np.asarray(out.tokens[:, 0])]
+    np.testing.assert_allclose(np.asarray(out.model_logprobs[:, 0]), lp, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(out.logprobs[:, 0]), lp, atol=1e-4)
+
+
+@pytest.mark.parametrize("top_k,top_p", [(5, 1.0), (0, 0.6), (20, 0.8)])
+def test_truncation_sets_and_logprobs(model, sampler, top_k, top_p):
+    temp = 1.3
+    sp = SamplingParams(max_new_tokens=6, temperature=temp, top_k=top_k, top_p=top_p)
+    out = sampler([PROMPTS[i % 3] for i in range(64)], key=jax.random.key(7), params=sp)
+    logits = _teacher_forced_logits(model, out) / temp  # [B, steps, V]
+    toks, mask = np.asarray(out.tokens), np.asarray(out.mask)
+    for b in range(logits.shape[0]):
+        for t in range(int(out.lengths[b])):
+            x = logits[b, t]
+            order = np.argsort(-x)
+            allowed = order[:top_k] if top_k else order
+            p = np.exp(x[allowed] - x[allowed].max())
+            p /= p.sum()
+            before = np.cumsum(p) - p
+            allowed = allowed[before < top_p - 1e-6]
+            assert toks[b, t] in allowed, (b, t)
+            q = np.exp(x[allowed] - x[allowed].max())
+            want = np.log(q[allowed == toks[b, t]][0] / q.sum())
+            assert abs(out.logprobs[b, t] - want) < 1e-3
+            full = x - x.max() - np.log(np.exp(x - x.max()).sum())
+            assert abs(out.model_logprobs[b, t] - full[toks[b, t]]) < 1e-3
+    assert mask.sum() == int(np.asarray(out.lengths).sum())
+
+
+def test_reproducible_budgets_and_inactive_rows(sampler):
+    sp = SamplingParams(max_new_tokens=8, temperature=1.0)
+    a = sampler(PROMPTS, key=jax.random.key(11), params=sp, max_new=[3, 8, 5],
+                active=[True, True, False])
+    b = sampler(PROMPTS, key=jax.random.key(11), params=sp, max_new=[3, 8, 5],
+                active=[True, True, False])
+    c = sampler(PROMPTS, key=jax.random.key(12), params=sp, max_new=[3, 8, 5],
+                active=[True, True, False])
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    np.testing.assert_array_equal(np.asarray(a.logprobs), np.asarray(b.logprobs))
+    assert not np.array_equal(np.asarray(a.tokens), np.asarray(c.tokens))
+    np.testing.assert_array_equal(np.asarray(a.lengths), [3, 8, 0])
+    assert int(a.steps) == 8
+    assert not np.asarray(a.cache.valid[2, a.prompt_tokens.shape[1]:]).any()
+    assert a.prompt_tokens.shape[1] == 32  # 17 tokens -> bucket 32
+
+
+def test_continuation_equals_concatenated_prompt(model, sampler):
+    """Turn 2 from the turn-1 cache samples what a fresh call on the whole history samples."""
+    sp = SamplingParams(max_new_tokens=6, temperature=1.0, top_k=50)
+    t1 = sampler(PROMPTS, key=jax.random.key(21), params=sp, stop_tokens=[[7], [-1], [-1]])
+    history_tokens = np.concatenate([np.asarray(t1.prompt_tokens), np.asarray(t1.tokens)], 1)
+    history_mask = np.concatenate([np.asarray(t1.prompt_mask), np.asarray(t1.mask)], 1)
+    turn2 = [[40, 41, 42], [43], [44, 45, 46, 47, 48, 49, 50]]  # new observation tokens
+
+    t2 = sampler(turn2, key=jax.random.key(22), params=sp, cache=t1.cache)
+    whole = [list(history_tokens[i][history_mask[i]]) + turn2[i] for i in range(3)]
+    fresh = sampler(whole, key=jax.random.key(22), params=sp)
+    np.testing.assert_array_equal(np.asarray(t2.tokens), np.asarray(fresh.tokens))
+    np.testing.assert_allclose(np.asarray(t2.logprobs), np.asarray(fresh.logprobs), atol=1e-4)
+    lengths = np.asarray(t2.cache.lengths)
+    np.testing.assert_array_equal(lengths, [len(w) for w in whole] + np.asarray(t2.lengths))
