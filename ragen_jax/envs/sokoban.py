@@ -84,12 +84,17 @@ class Sokoban(TextEnv[EnvState, EnvParams]):
       ``search_depth``, at most 300k states) that keeps the state maximising
       ``box_swaps * total box displacement`` with all targets uncovered. Here ``num_walks``
       random reverse walks of ``min(walk_length, search_depth - 2)`` pulls run in parallel on
-      device (each step, with probability ``pull_bias``, a random available pull is taken) and the best-scoring state over all of them is kept, with the same score. The
-      difficulty (optimal solution lengths) is compared with gym-sokoban's in
+      device (each step takes a random available pull with probability ``pull_bias``) and the
+      best-scoring state over all of them is kept, with the same score. For RAGEN's configs
+      (6x6 with 1 box, depth 300; 8x8 with 2 boxes, depth 10) the optimal solution lengths
+      match a RAGEN-style generator closely; a deep search with several boxes (8x8, 2 boxes,
+      depth 300) gives easier levels than RAGEN's exhaustive DFS. See
       ``experiments/bench_envs.py``.
     - Retries are deterministic: ``num_layouts`` cheap layouts are drawn per try and reverse
       play runs on the first where some box can be pulled; a try that still fails repeats from
-      ``fold_in(key, try)``. RAGEN retries from Python's per-process salted ``hash``.
+      ``fold_in(key, try)``, at most ``max_tries`` times (a level whose every try failed would
+      start solved; ``generate_level`` reports it, and none occurred in the tests' or the
+      benchmark's samples). RAGEN retries from Python's per-process salted ``hash``.
     - The observation for the agent is built host side by ``render_text``; ``get_obs``
       returns the RAGEN ``room_state`` codes (plus 6 = player on target) as a device array
       for non-LLM agents.
@@ -107,7 +112,7 @@ class Sokoban(TextEnv[EnvState, EnvParams]):
         walk_length: int = 25,
         pull_bias: float = 0.5,
         num_layouts: int = 6,
-        max_tries: int = 8,
+        max_tries: int = 32,
         observation_format: str = "grid",
         grid_vocab: str = "default",
     ):
@@ -263,14 +268,36 @@ def _room_topology(key: jax.Array, dim_room: tuple[int, int], num_steps: int,
                    p_change_direction: float = 0.35) -> jax.Array:
     """gym-sokoban's random walk of 3x3 floor stamps; the border is wall.  # [H, W] bool"""
     height, width = dim_room
-    k_dir, k_pos, k_change, k_new_dir, k_stamp = jax.random.split(key, 5)
+    bits = jax.random.bits(key, (num_steps + 1,))  # one 32-bit word per step (+1 for the start)
+    first = bits[0]
+    step_bits = bits[1:]
     return topology_from_draws(
         dim_room,
-        start=jax.random.randint(k_pos, (2,), 1, jnp.array([height, width])),
-        first_direction=jax.random.randint(k_dir, (), 0, 4),
-        change=jax.random.uniform(k_change, (num_steps,)) < p_change_direction,
-        new_direction=jax.random.randint(k_new_dir, (num_steps,), 0, 4),
-        stamp=jax.random.randint(k_stamp, (num_steps,), 0, len(_STAMPS)))
+        start=1 + jnp.stack([_below(first, height - 1, 0), _below(first, width - 1, 8)]),
+        first_direction=_below(first, 4, 16),
+        change=_unit16(step_bits, 0) < p_change_direction,
+        new_direction=_below(step_bits, 4, 16),
+        stamp=_below(step_bits, len(_STAMPS), 24))
+
+
+# Level generation draws raw 32-bit words and cuts them into small uniform numbers: on CPU,
+# threefry costs about 10 ns per word, which dominated generation when every coin flip and
+# every noise value took a word of its own. Resolution: 8 bits for small choices (bias below
+# 1/256 of a cell), 16 bits for probabilities and tie-breaking noise.
+def _below(bits: jax.Array, n: int, shift: int) -> jax.Array:
+    """A nearly uniform integer in [0, n) from the 8 bits at ``shift``."""
+    return (((bits >> shift) & 0xFF) * n >> 8).astype(jnp.int32)
+
+
+def _unit16(bits: jax.Array, shift: int) -> jax.Array:
+    """A uniform float in [0, 1) on a 2**-16 grid, from the 16 bits at ``shift``."""
+    return ((bits >> shift) & 0xFFFF).astype(jnp.float32) / 65536.0
+
+
+def _noise16(key: jax.Array, n: int) -> jax.Array:
+    """``n`` uniform floats on a 2**-16 grid from ``ceil(n / 2)`` words (argmax tie-breaking)."""
+    words = jax.random.bits(key, ((n + 1) // 2,))
+    return jnp.stack([_unit16(words, 0), _unit16(words, 16)], -1).reshape(-1)[:n]
 
 
 # Walk directions (row, col), in gym-sokoban's order; the stamps as 9-bit masks (bit 3r + c).
@@ -321,10 +348,12 @@ def _reverse_walks(key, floor, player, targets, num_walks, walk_length, pull_bia
     height, width = floor.shape
     num_boxes = targets.shape[0]
     deltas = jnp.asarray(DELTAS)
-    k_action, k_prefer, k_choice = jax.random.split(key, 3)
-    random_action = jax.random.randint(k_action, (walk_length, num_walks), 0, 4)
-    prefer_pull = jax.random.uniform(k_prefer, (walk_length, num_walks)) < pull_bias
-    pull_noise = jax.random.uniform(k_choice, (walk_length, num_walks, 4))
+    # One word per walk step: bits 0-1 the random action, 8-15 the pull coin, 16-31 four 4-bit
+    # tie-breaking values for choosing among the available pulls.
+    bits = jax.random.bits(key, (walk_length, num_walks))
+    random_action = (bits & 3).astype(jnp.int32)
+    prefer_pull = ((bits >> 8) & 0xFF) < int(round(pull_bias * 256))
+    pull_noise = ((bits[..., None] >> (16 + 4 * jnp.arange(4))) & 0xF).astype(jnp.int32)
 
     def pull(carry, xs):  # one step of every walk
         pos, boxes, last, swaps, best = carry  # [K,2] [K,N,2] [K] [K] (score, pos, boxes)
@@ -335,7 +364,7 @@ def _reverse_walks(key, floor, player, targets, num_walks, walk_length, pull_bia
         ahead = jnp.clip(pos[:, None, :] + deltas[None], 0, jnp.array([height - 1, width - 1]))
         box_ahead = jnp.all(boxes[:, None, :, :] == ahead[:, :, None, :], -1).any(-1)
         can_pull = box_behind & floor[ahead[..., 0], ahead[..., 1]] & ~box_ahead  # [K, 4]
-        some_pull = jnp.argmax(jnp.where(can_pull, noise, -1.0), -1)
+        some_pull = jnp.argmax(jnp.where(can_pull, noise, -1), -1)
         action = jnp.where(prefer & can_pull.any(-1), some_pull, action)
         delta = deltas[action]  # [K, 2]
         nxt = pos + delta
@@ -404,7 +433,7 @@ def _layout(key, dim_room, num_boxes, num_gen_steps):
     k_topo, k_place = jax.random.split(key)
     floor = _room_topology(k_topo, dim_room, num_gen_steps)
     # Player, then targets on distinct floor cells, each uniform (argmax of iid noise).
-    noise = jax.random.uniform(k_place, (height * width,))
+    noise = _noise16(k_place, height * width)
     flat_floor = floor.reshape(-1)
     player_flat = jnp.argmax(jnp.where(flat_floor, noise, -1.0))
     free = flat_floor.at[player_flat].set(False)
@@ -422,7 +451,7 @@ def _layout(key, dim_room, num_boxes, num_gen_steps):
     # Reverse play starts from a random such cell: the player could walk there, and walking
     # adds no reachable state, so this only saves search steps.
     k_stand = jax.random.fold_in(k_place, 1)
-    stand_noise = jax.random.uniform(k_stand, (height * width,))
+    stand_noise = _noise16(k_stand, height * width)
     stand_flat = jnp.argmax(jnp.where(stand.reshape(-1), stand_noise, -1.0))
     pullable = jnp.any(stand)
     player = jnp.where(pullable, jnp.stack(jnp.divmod(stand_flat, width)).astype(jnp.int32), player)
