@@ -117,7 +117,7 @@ def main():
         f"Prompt {args.prompt} tokens, {args.new} new tokens (greedy, no early stop), float32, "
         f"same random weights. Tokens/s = generated tokens / wall time of one call, prefill "
         f"included. Host: {platform.processor() or platform.machine()}, {os.cpu_count()} "
-        f"CPUs (shared with other jobs: timings are noisy); jax {jax.__version__}, "
+        f"CPUs (other load on the machine makes timings vary); jax {jax.__version__}, "
         f"torch {torch.__version__} ({torch.get_num_threads()} threads), "
         f"transformers {transformers.__version__}.",
         "",
