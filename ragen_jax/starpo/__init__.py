@@ -1,0 +1,1 @@
+"""StarPO: advantages, losses, rollout filtering and the update."""
