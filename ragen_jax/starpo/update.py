@@ -1,0 +1,166 @@
+"""The actor update: one jitted, mesh-sharded step of PPO/GRPO-style policy optimisation.
+
+``make_train_step(graphdef, config)`` returns ``step(params, opt_state, batch) ->
+(params, opt_state, metrics)``: per-token log-probs of the batch's tokens under the current
+policy (a full causal forward), the clipped surrogate with entropy bonus and optional KL,
+aggregated exactly over ``micro_batches`` gradient-accumulation chunks (a ``lax.scan``), then
+optax (global-norm clipping, AdamW) wrapped in ``optax.apply_if_finite`` so that a non-finite
+loss or gradient skips the update, and is counted, instead of poisoning the weights.
+
+Sharding follows the inputs: place the parameters with ``models.shard_model`` and the batch
+with ``sharding.shard_batch``; the same code runs on one device or a mesh.
+
+Partial (issue 5): the critic, the reference model, LoRA and ``ppo_epochs`` / mini-batch
+shuffling live with the trainer and are not here yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from ragen_jax.models.qwen import Qwen2ForCausalLM
+from ragen_jax.starpo import losses
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateConfig:
+    """Actor optimisation settings; defaults are RAGEN's (veRL v0.6.1)."""
+
+    lr: float = 1e-6
+    b1: float = 0.9
+    b2: float = 0.999
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    clip_c: float = 3.0
+    entropy_coeff: float = 0.001
+    kl_coef: float = 0.0
+    kl_estimator: str = "k1"
+    loss_agg_mode: str = "token-mean"
+    micro_batches: int = 1
+    temperature: float = 1.0
+    max_consecutive_nonfinite: int = 1000
+
+    def __post_init__(self):
+        if self.loss_agg_mode not in losses.AGG_MODES:
+            raise ValueError(f"update.loss_agg_mode must be one of {losses.AGG_MODES}, got {self.loss_agg_mode!r}")
+        if self.kl_estimator not in losses.KL_ESTIMATORS:
+            raise ValueError(f"update.kl_estimator must be one of {losses.KL_ESTIMATORS}, got {self.kl_estimator!r}")
+        if self.micro_batches < 1:
+            raise ValueError(f"update.micro_batches must be >= 1, got {self.micro_batches}")
+
+
+@flax.struct.dataclass
+class TrainBatch:
+    """One update's data, ``[B, L]`` over token slots (real tokens form a prefix per row).
+
+    ``loss_mask`` is 1 on sampled tokens (times any filter weight); ``old_logp`` the log-probs
+    the sampler recorded (or recomputed before the update), ``ref_logp`` the reference
+    policy's (zeros when the KL term is off)."""
+
+    input_ids: jax.Array  # [B, L] int32
+    attention_mask: jax.Array  # [B, L] bool
+    positions: jax.Array  # [B, L] int32
+    loss_mask: jax.Array  # [B, L] float32
+    old_logp: jax.Array  # [B, L] float32
+    advantages: jax.Array  # [B, L] float32
+    ref_logp: jax.Array  # [B, L] float32
+
+
+def make_optimizer(config: UpdateConfig) -> optax.GradientTransformation:
+    """AdamW with global-norm clipping; non-finite updates are skipped and counted."""
+    inner = optax.chain(
+        optax.clip_by_global_norm(config.grad_clip),
+        optax.adamw(config.lr, b1=config.b1, b2=config.b2, weight_decay=config.weight_decay),
+    )
+    return optax.apply_if_finite(inner, config.max_consecutive_nonfinite)
+
+
+def token_logprobs(model: Qwen2ForCausalLM, input_ids: jax.Array, attention_mask: jax.Array,
+                   positions: jax.Array, temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
+    """``log p(token_j | tokens before j)`` and the entropy of that distribution, for every
+    slot ``j >= 1`` (slot 0 gets 0).  # [B, L], [B, L]"""
+    logits, _ = model(input_ids, positions, attention_mask)  # [B, L, V]
+    logits = logits[:, :-1] / temperature
+    logp_all = jax.nn.log_softmax(logits, axis=-1)
+    logp = jnp.take_along_axis(logp_all, input_ids[:, 1:, None], axis=-1)[..., 0]
+    entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+    pad = jnp.zeros((input_ids.shape[0], 1), jnp.float32)
+    return jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, entropy], 1)
+
+
+def actor_objective(model: Qwen2ForCausalLM, batch: TrainBatch, config: UpdateConfig
+                    ) -> tuple[jax.Array, tuple[jax.Array, dict[str, jax.Array]]]:
+    """``(numerator, (denominator, metric sums))`` of the actor loss on one micro-batch;
+    metric sums are weighted by the micro-batch's masked token count."""
+    logp, entropy = token_logprobs(model, batch.input_ids, batch.attention_mask, batch.positions,
+                                   config.temperature)
+    mask = batch.loss_mask
+    pg, pg_metrics = losses.policy_loss(logp, batch.old_logp, batch.advantages, mask,
+                                        config.clip_low, config.clip_high, config.clip_c)
+    kl = losses.kl_penalty(logp, batch.ref_logp, config.kl_estimator)
+    per_token = pg - config.entropy_coeff * entropy + config.kl_coef * kl
+    num, den = losses.aggregate(per_token, mask, config.loss_agg_mode)
+    tokens = jnp.sum(mask)
+    metrics = {
+        **pg_metrics,
+        "actor/pg_loss": losses.masked_mean(pg, mask),
+        "actor/entropy": losses.masked_mean(entropy, mask),
+        "actor/kl_loss": losses.masked_mean(kl, mask),
+    }
+    return num, (den, {k: v * tokens for k, v in metrics.items()} | {"tokens": tokens})
+
+
+def make_train_step(graphdef: Any, config: UpdateConfig,
+                    optimizer: optax.GradientTransformation | None = None) -> Callable:
+    """The jitted step ``(params, opt_state, batch) -> (params, opt_state, metrics)``.
+
+    ``graphdef, params = nnx.split(model, nnx.Param, ...)`` — params are the model's
+    ``nnx.Param`` state. The batch's size must be divisible by ``config.micro_batches``.
+    """
+    optimizer = optimizer or make_optimizer(config)
+    num_micro = config.micro_batches
+
+    def numerator(params, rest, micro):
+        model = nnx.merge(graphdef, params, rest)
+        return actor_objective(model, micro, config)
+
+    grad_fn = jax.grad(numerator, has_aux=True)
+
+    @jax.jit
+    def step(params, rest, opt_state, batch: TrainBatch):
+        micro = jax.tree.map(lambda x: x.reshape(num_micro, x.shape[0] // num_micro, *x.shape[1:]), batch)
+
+        def accumulate(carry, mb):
+            grads, den, sums = carry
+            g, (d, s) = grad_fn(params, rest, mb)
+            return (jax.tree.map(jnp.add, grads, g), den + d,
+                    jax.tree.map(jnp.add, sums, s)), None
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        _, (_, sums0) = jax.eval_shape(lambda: numerator(params, rest, jax.tree.map(lambda x: x[0], micro)))
+        init = (zeros, jnp.zeros((), jnp.float32), jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums0))
+        (grads, den, sums), _ = jax.lax.scan(accumulate, init, micro)
+        if config.loss_agg_mode == "seq-mean-token-sum-norm":
+            den = den / num_micro  # a constant horizon, not a count: do not add it up
+        grads = jax.tree.map(lambda g: g / jnp.maximum(den, 1e-8), grads)
+        grad_norm = optax.global_norm(grads)
+        updates, new_opt_state = optimizer.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        tokens = jnp.maximum(sums.pop("tokens"), 1.0)
+        metrics = {k: v / tokens for k, v in sums.items()}
+        metrics["actor/grad_norm"] = grad_norm
+        metrics["actor/update_skipped"] = (~jnp.isfinite(grad_norm)).astype(jnp.float32)
+        metrics["actor/nonfinite_total"] = new_opt_state.total_notfinite.astype(jnp.float32)
+        return new_params, new_opt_state, metrics
+
+    return step

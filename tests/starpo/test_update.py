@@ -1,0 +1,139 @@
+"""The jitted actor update: accumulation, non-finite skipping, improvement, sharding."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
+from ragen_jax.starpo.update import (
+    TrainBatch,
+    UpdateConfig,
+    make_optimizer,
+    make_train_step,
+    token_logprobs,
+)
+
+CFG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+           num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+
+
+def make_case(seed: int = 0, batch: int = 8, length: int = 16):
+    model = Qwen2ForCausalLM(QwenConfig.tiny(**CFG), rngs=nnx.Rngs(seed))
+    rng = np.random.default_rng(seed)
+    ids = jnp.asarray(rng.integers(0, 64, (batch, length)), jnp.int32)
+    lengths = rng.integers(length // 2, length + 1, batch)
+    attn = jnp.asarray(np.arange(length)[None] < lengths[:, None])
+    pos = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    loss_mask = attn & jnp.asarray(rng.random((batch, length)) < 0.6) & (jnp.arange(length) > 0)
+    loss_mask = loss_mask.at[-1].set(False)  # one row with nothing to train on
+    old, _ = token_logprobs(model, ids, attn, pos)
+    adv = jnp.asarray(rng.normal(size=(batch, length)), jnp.float32) * loss_mask
+    tb = TrainBatch(ids, attn, pos, loss_mask.astype(jnp.float32), old, adv, old)
+    return model, tb
+
+
+def run_step(model, batch, optimizer=None, **kw):
+    cfg = UpdateConfig(**kw)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    optimizer = optimizer or make_optimizer(cfg)
+    step = make_train_step(graphdef, cfg, optimizer)
+    opt_state = optimizer.init(params)
+    return step(params, rest, opt_state, batch), graphdef, rest
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_micro_batch_accumulation_equals_full_batch(mode):
+    model, batch = make_case()
+    sgd = optax.apply_if_finite(optax.sgd(1.0), 10)  # new params = params - gradient
+    (p1, _, m1), _, _ = run_step(model, batch, sgd, loss_agg_mode=mode, micro_batches=1)
+    (p4, _, m4), _, _ = run_step(model, batch, sgd, loss_agg_mode=mode, micro_batches=4)
+    for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p4), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+    assert float(m1["actor/grad_norm"]) == pytest.approx(float(m4["actor/grad_norm"]), rel=1e-4)
+    assert float(m1["actor/pg_loss"]) == pytest.approx(float(m4["actor/pg_loss"]), abs=1e-6)
+
+
+def test_first_step_ratio_is_one_and_surrogate_improves():
+    model, batch = make_case(1)
+    (params, _, metrics), graphdef, rest = run_step(model, batch, lr=3e-4, entropy_coeff=0.0)
+    mask = np.asarray(batch.loss_mask)
+    adv = np.asarray(batch.advantages)
+    # At the sampling policy the ratio is 1, so the loss is -mean(A) and nothing is clipped.
+    assert float(metrics["actor/pg_loss"]) == pytest.approx(-(adv * mask).sum() / mask.sum(), abs=1e-5)
+    assert float(metrics["actor/pg_clipfrac"]) == 0.0 and float(metrics["actor/update_skipped"]) == 0.0
+    new_logp, _ = token_logprobs(nnx.merge(graphdef, params, rest), batch.input_ids,
+                                 batch.attention_mask, batch.positions)
+    ratio = np.exp(np.asarray(new_logp) - np.asarray(batch.old_logp))
+    surrogate_before = (adv * mask).sum() / mask.sum()
+    surrogate_after = (adv * ratio * mask).sum() / mask.sum()
+    assert surrogate_after > surrogate_before + 1e-4
+
+
+def test_non_finite_loss_skips_the_update():
+    model, batch = make_case(2)
+    bad = batch.replace(advantages=batch.advantages.at[0, 3].set(jnp.nan).at[0, 3].set(jnp.nan))
+    bad = bad.replace(loss_mask=bad.loss_mask.at[0, 3].set(1.0))
+    (params, opt_state, metrics), _, _ = run_step(model, bad, lr=1e-2)
+    before = nnx.state(model, nnx.Param)
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert float(metrics["actor/update_skipped"]) == 1.0
+    assert float(metrics["actor/nonfinite_total"]) == 1.0
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="update.loss_agg_mode"):
+        UpdateConfig(loss_agg_mode="mean")
+
+
+_SHARDED = textwrap.dedent("""
+    import json, sys
+    import jax
+    jax.config.update("jax_num_cpu_devices", 8)
+    import numpy as np
+    from flax import nnx
+    sys.path.insert(0, {root!r})
+    from tests.starpo.test_update import make_case
+    from ragen_jax.models import shard_model
+    from ragen_jax.sharding import make_mesh, shard_batch
+    from ragen_jax.starpo.update import UpdateConfig, make_optimizer, make_train_step
+
+    out = {{}}
+    for shape in [(1, 1, 1), (8, 1, 1), (2, 2, 2), (1, 4, 2)]:
+        model, batch = make_case(3)
+        devices = jax.devices()[:int(np.prod(shape))]
+        mesh = make_mesh(shape, devices)
+        shard_model(model, mesh)
+        batch = shard_batch(batch, mesh)
+        cfg = UpdateConfig(lr=1e-3, micro_batches=2)
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        params, _, m = make_train_step(graphdef, cfg)(params, rest, make_optimizer(cfg).init(params), batch)
+        out[str(shape)] = {{"loss": float(m["actor/pg_loss"]), "grad_norm": float(m["actor/grad_norm"]),
+                           "params": [np.asarray(x).ravel()[:64].tolist() for x in jax.tree.leaves(params)]}}
+    print(json.dumps(out))
+""")
+
+
+def test_sharded_step_equals_single_device():
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, "-c", _SHARDED.format(root=root)], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "XLA_FLAGS": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    ref = out.pop("(1, 1, 1)")
+    for shape, got in out.items():
+        assert got["loss"] == pytest.approx(ref["loss"], abs=1e-6), shape
+        assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-4), shape
+        for a, b in zip(ref["params"], got["params"], strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5, err_msg=shape)
