@@ -3,6 +3,7 @@
 from ragen_jax.models.qwen import (
     KVCache,
     Qwen2ForCausalLM,
+    Qwen2ForValue,
     QwenConfig,
     positions_from_mask,
     shard_model,
@@ -18,6 +19,7 @@ __all__ = [
     "CheckpointError",
     "KVCache",
     "Qwen2ForCausalLM",
+    "Qwen2ForValue",
     "QwenConfig",
     "from_pretrained",
     "load_config",

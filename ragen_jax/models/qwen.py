@@ -438,6 +438,43 @@ class Qwen2Model(nnx.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config)
 
+    def __call__(self, tokens: jax.Array, positions: jax.Array,
+                 attention_mask: jax.Array | None = None, cache: KVCache | None = None
+                 ) -> tuple[jax.Array, KVCache | None]:
+        """The final normed hidden states [B, T, E] and the updated cache (see
+        ``Qwen2ForCausalLM.__call__`` for the arguments)."""
+        b, t = tokens.shape
+        mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
+        x = self.embed_tokens(tokens)  # [B, T, E]
+
+        if cache is None:
+            causal = jnp.tril(jnp.ones((t, t), bool))  # [T, S=T]
+            attn_mask = causal[None] & mask[:, None, :]  # [B, T, T]
+            index, kv, new_cache = None, [None] * len(self.layers), None
+        else:
+            index = cache.index
+            valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, index))  # [B, S]
+            slots = jnp.arange(cache.size)  # [S]
+            query_slot = index + jnp.arange(t)  # [T]
+            attn_mask = (slots[None, :] <= query_slot[:, None])[None] & valid[:, None, :]
+            kv = list(zip(cache.k, cache.v, strict=True))
+
+        new_kv = []
+        for layer, layer_cache in zip(self.layers, kv, strict=True):
+            x, layer_cache = layer(x, positions, attn_mask, layer_cache, index)
+            new_kv.append(layer_cache)
+
+        if cache is not None:
+            new_cache = KVCache(
+                k=tuple(k for k, _ in new_kv),
+                v=tuple(v for _, v in new_kv),
+                valid=valid,
+                index=(index + t).astype(jnp.int32),
+                lengths=(cache.lengths + mask.sum(axis=1)).astype(jnp.int32),
+            )
+
+        return self.norm(x), new_cache
+
 
 class Qwen2ForCausalLM(nnx.Module):
     """The causal LM. ``model(tokens, positions, attention_mask, cache) -> (logits, cache)``."""
@@ -477,44 +514,40 @@ class Qwen2ForCausalLM(nnx.Module):
         Returns:
           ``(logits [B, T, V] float32, updated cache or None)``.
         """
-        b, t = tokens.shape
-        mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
-        x = self.model.embed_tokens(tokens)  # [B, T, E]
-
-        if cache is None:
-            causal = jnp.tril(jnp.ones((t, t), bool))  # [T, S=T]
-            attn_mask = causal[None] & mask[:, None, :]  # [B, T, T]
-            index, kv, new_cache = None, [None] * len(self.model.layers), None
-        else:
-            index = cache.index
-            valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, index))  # [B, S]
-            slots = jnp.arange(cache.size)  # [S]
-            query_slot = index + jnp.arange(t)  # [T]
-            attn_mask = (slots[None, :] <= query_slot[:, None])[None] & valid[:, None, :]
-            kv = list(zip(cache.k, cache.v, strict=True))
-
-        new_kv = []
-        for layer, layer_cache in zip(self.model.layers, kv, strict=True):
-            x, layer_cache = layer(x, positions, attn_mask, layer_cache, index)
-            new_kv.append(layer_cache)
-
-        if cache is not None:
-            new_cache = KVCache(
-                k=tuple(k for k, _ in new_kv),
-                v=tuple(v for _, v in new_kv),
-                valid=valid,
-                index=(index + t).astype(jnp.int32),
-                lengths=(cache.lengths + mask.sum(axis=1)).astype(jnp.int32),
-            )
-
+        x, new_cache = self.model(tokens, positions, attention_mask, cache)  # [B, T, E]
         if logits_at is not None:
             x = jnp.take_along_axis(x, logits_at[:, None, None].astype(jnp.int32), axis=1)
-        x = self.model.norm(x)
         if self.lm_head is None:
             logits = self.model.embed_tokens.attend(x)
         else:
             logits = self.lm_head(x)
         return logits.astype(jnp.float32), new_cache
+
+
+class Qwen2ForValue(nnx.Module):
+    """The critic: the Qwen2 backbone and a scalar value per token (Hugging Face's
+    ``Qwen2ForTokenClassification`` with one label: ``model.*`` plus ``score.weight``).
+
+    ``from_actor`` copies the actor's backbone (RAGEN initialises the critic from the same
+    checkpoint); the value head starts random, as Hugging Face initialises ``score``."""
+
+    def __init__(self, config: QwenConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.model = Qwen2Model(config, rngs=rngs)
+        self.score = Linear(config.hidden_size, 1, bias=False, spec=(None, "fsdp"),
+                            config=config, rngs=rngs)
+
+    @classmethod
+    def from_actor(cls, actor: Qwen2ForCausalLM, seed: int = 0) -> Qwen2ForValue:
+        critic = cls(actor.config, rngs=nnx.Rngs(seed))
+        nnx.update(critic.model, nnx.state(actor.model))
+        return critic
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array,
+                 attention_mask: jax.Array | None = None) -> jax.Array:
+        """Values [B, T] float32: the value of the state after reading token t."""
+        x, _ = self.model(tokens, positions, attention_mask)
+        return self.score(x)[..., 0].astype(jnp.float32)
 
 
 # ----------------------------------------------------------------------------------------------

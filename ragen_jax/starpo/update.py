@@ -10,8 +10,9 @@ loss or gradient skips the update, and is counted, instead of poisoning the weig
 Sharding follows the inputs: place the parameters with ``models.shard_model`` and the batch
 with ``sharding.shard_batch``; the same code runs on one device or a mesh.
 
-Partial (issue 5): the critic, the reference model, LoRA and ``ppo_epochs`` / mini-batch
-shuffling live with the trainer and are not here yet.
+The critic uses the same step with ``critic_objective`` (clipped value loss on
+``Qwen2ForValue``). Partial (issue 5): the reference model, LoRA and ``ppo_epochs`` /
+mini-batch shuffling live with the trainer and are not here yet.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from ragen_jax.models.qwen import Qwen2ForCausalLM
+from ragen_jax.models.qwen import Qwen2ForCausalLM, Qwen2ForValue
 from ragen_jax.starpo import losses
 
 
@@ -48,6 +49,7 @@ class UpdateConfig:
     loss_agg_mode: str = "token-mean"
     micro_batches: int = 1
     temperature: float = 1.0
+    value_clip: float = 0.5  # critic only
     max_consecutive_nonfinite: int = 1000
 
     def __post_init__(self):
@@ -76,6 +78,18 @@ class TrainBatch:
     ref_logp: jax.Array  # [B, L] float32
 
 
+@flax.struct.dataclass
+class CriticBatch:
+    """The critic's data: ``old_values`` from before the update and GAE ``returns``."""
+
+    input_ids: jax.Array  # [B, L] int32
+    attention_mask: jax.Array  # [B, L] bool
+    positions: jax.Array  # [B, L] int32
+    loss_mask: jax.Array  # [B, L] float32
+    old_values: jax.Array  # [B, L] float32
+    returns: jax.Array  # [B, L] float32
+
+
 def make_optimizer(config: UpdateConfig) -> optax.GradientTransformation:
     """AdamW with global-norm clipping; non-finite updates are skipped and counted."""
     inner = optax.chain(
@@ -96,6 +110,26 @@ def token_logprobs(model: Qwen2ForCausalLM, input_ids: jax.Array, attention_mask
     entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
     pad = jnp.zeros((input_ids.shape[0], 1), jnp.float32)
     return jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, entropy], 1)
+
+
+def token_values(critic: Qwen2ForValue, input_ids: jax.Array, attention_mask: jax.Array,
+                 positions: jax.Array) -> jax.Array:
+    """The value of the state in which token ``j`` was generated (the critic's output at slot
+    ``j - 1``), aligned with ``token_logprobs``; slot 0 gets 0.  # [B, L]"""
+    values = critic(input_ids, positions, attention_mask)
+    return jnp.concatenate([jnp.zeros((values.shape[0], 1), values.dtype), values[:, :-1]], 1)
+
+
+def critic_objective(critic: Qwen2ForValue, batch: CriticBatch, config: UpdateConfig
+                     ) -> tuple[jax.Array, tuple[jax.Array, dict[str, jax.Array]]]:
+    """Clipped value loss, in the same ``(numerator, (denominator, metric sums))`` form."""
+    values = token_values(critic, batch.input_ids, batch.attention_mask, batch.positions)
+    mask = batch.loss_mask
+    vf, metrics = losses.value_loss(values, batch.old_values, batch.returns, mask, config.value_clip)
+    num, den = losses.aggregate(vf, mask, config.loss_agg_mode)
+    tokens = jnp.sum(mask)
+    metrics = {**metrics, "critic/vf_loss": losses.masked_mean(vf, mask)}
+    return num, (den, {k: v * tokens for k, v in metrics.items()} | {"tokens": tokens})
 
 
 def actor_objective(model: Qwen2ForCausalLM, batch: TrainBatch, config: UpdateConfig
@@ -121,23 +155,26 @@ def actor_objective(model: Qwen2ForCausalLM, batch: TrainBatch, config: UpdateCo
 
 
 def make_train_step(graphdef: Any, config: UpdateConfig,
-                    optimizer: optax.GradientTransformation | None = None) -> Callable:
-    """The jitted step ``(params, opt_state, batch) -> (params, opt_state, metrics)``.
+                    optimizer: optax.GradientTransformation | None = None,
+                    objective: Callable = actor_objective) -> Callable:
+    """The jitted step ``(params, rest, opt_state, batch) -> (params, opt_state, metrics)``.
 
-    ``graphdef, params = nnx.split(model, nnx.Param, ...)`` — params are the model's
-    ``nnx.Param`` state. The batch's size must be divisible by ``config.micro_batches``.
+    ``graphdef, params, rest = nnx.split(model, nnx.Param, ...)``. ``objective`` is
+    ``actor_objective`` (``TrainBatch``) or ``critic_objective`` (``CriticBatch``, on a
+    ``Qwen2ForValue``). The batch's size must be divisible by ``config.micro_batches``.
     """
+    prefix = "actor" if objective is actor_objective else "critic"
     optimizer = optimizer or make_optimizer(config)
     num_micro = config.micro_batches
 
     def numerator(params, rest, micro):
         model = nnx.merge(graphdef, params, rest)
-        return actor_objective(model, micro, config)
+        return objective(model, micro, config)
 
     grad_fn = jax.grad(numerator, has_aux=True)
 
     @jax.jit
-    def step(params, rest, opt_state, batch: TrainBatch):
+    def step(params, rest, opt_state, batch):
         micro = jax.tree.map(lambda x: x.reshape(num_micro, x.shape[0] // num_micro, *x.shape[1:]), batch)
 
         def accumulate(carry, mb):
@@ -158,9 +195,9 @@ def make_train_step(graphdef: Any, config: UpdateConfig,
         new_params = optax.apply_updates(params, updates)
         tokens = jnp.maximum(sums.pop("tokens"), 1.0)
         metrics = {k: v / tokens for k, v in sums.items()}
-        metrics["actor/grad_norm"] = grad_norm
-        metrics["actor/update_skipped"] = (~jnp.isfinite(grad_norm)).astype(jnp.float32)
-        metrics["actor/nonfinite_total"] = new_opt_state.total_notfinite.astype(jnp.float32)
+        metrics[f"{prefix}/grad_norm"] = grad_norm
+        metrics[f"{prefix}/update_skipped"] = (~jnp.isfinite(grad_norm)).astype(jnp.float32)
+        metrics[f"{prefix}/nonfinite_total"] = new_opt_state.total_notfinite.astype(jnp.float32)
         return new_params, new_opt_state, metrics
 
     return step

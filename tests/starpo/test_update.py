@@ -137,3 +137,28 @@ def test_sharded_step_equals_single_device():
         assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-4), shape
         for a, b in zip(ref["params"], got["params"], strict=True):
             np.testing.assert_allclose(a, b, atol=1e-5, err_msg=shape)
+
+
+def test_critic_from_actor_and_value_steps_reduce_loss():
+    from ragen_jax.models import Qwen2ForValue
+    from ragen_jax.starpo.update import CriticBatch, critic_objective, token_values
+
+    actor, batch = make_case(4)
+    critic = Qwen2ForValue.from_actor(actor)
+    h_actor, _ = actor.model(batch.input_ids, batch.positions, batch.attention_mask)
+    h_critic, _ = critic.model(batch.input_ids, batch.positions, batch.attention_mask)
+    np.testing.assert_array_equal(np.asarray(h_actor), np.asarray(h_critic))
+    old = token_values(critic, batch.input_ids, batch.attention_mask, batch.positions)
+    returns = jnp.where(batch.loss_mask > 0, 1.0, 0.0)
+    cb = CriticBatch(batch.input_ids, batch.attention_mask, batch.positions, batch.loss_mask, old, returns)
+    cfg = UpdateConfig(lr=3e-3, micro_batches=2, value_clip=10.0)
+    graphdef, params, rest = nnx.split(critic, nnx.Param, ...)
+    opt = make_optimizer(cfg)
+    step = make_train_step(graphdef, cfg, opt, critic_objective)
+    opt_state = opt.init(params)
+    losses = []
+    for _ in range(5):
+        params, opt_state, m = step(params, rest, opt_state, cb)
+        losses.append(float(m["critic/vf_loss"]))
+    assert losses[-1] < 0.5 * losses[0]
+    assert "critic/grad_norm" in m and float(m["critic/update_skipped"]) == 0.0
