@@ -298,9 +298,14 @@ class Linear(nnx.Module):
         self.dtype = config.dtype
 
     def __call__(self, x):  # [..., in] -> [..., out]
-        y = jnp.einsum("...i,oi->...o", x.astype(self.dtype), self.weight[...].astype(self.dtype))
+        x = x.astype(self.dtype)
+        y = jnp.einsum("...i,oi->...o", x, self.weight[...].astype(self.dtype))
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
+        lora_a = getattr(self, "lora_a", None)  # set by models.lora.add_lora
+        if lora_a is not None:
+            h = jnp.einsum("...i,ri->...r", x, lora_a[...].astype(self.dtype))  # [..., r]
+            y = y + self.lora_scale * jnp.einsum("...r,or->...o", h, self.lora_b[...].astype(self.dtype))
         return y
 
 

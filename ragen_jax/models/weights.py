@@ -151,6 +151,9 @@ def save_pretrained(model: Qwen2ForCausalLM, path: str | os.PathLike) -> None:
     Tensors keep the model's parameter dtype (float32 or bfloat16). Sharded parameters are
     gathered to the host one at a time.
     """
+    if nnx.state(model, nnx.LoRAParam):
+        raise ValueError("save_pretrained: the model has LoRA adapters; call "
+                         "ragen_jax.models.lora.merge_lora(model) first")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tensors = {}

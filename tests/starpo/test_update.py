@@ -162,3 +162,17 @@ def test_critic_from_actor_and_value_steps_reduce_loss():
         losses.append(float(m["critic/vf_loss"]))
     assert losses[-1] < 0.5 * losses[0]
     assert "critic/grad_norm" in m and float(m["critic/update_skipped"]) == 0.0
+
+
+def test_lora_only_update_leaves_base_weights():
+    from ragen_jax.models.lora import add_lora
+
+    model, batch = make_case(5)
+    add_lora(model, rank=2)
+    cfg = UpdateConfig(lr=1e-2)
+    graphdef, lora, rest = nnx.split(model, nnx.LoRAParam, ...)
+    opt = make_optimizer(cfg)
+    new_lora, _, m = make_train_step(graphdef, cfg, opt)(lora, rest, opt.init(lora), batch)
+    assert float(m["actor/update_skipped"]) == 0.0
+    moved = [float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(lora), jax.tree.leaves(new_lora), strict=True)]
+    assert max(moved) > 0  # adapters train; the base weights are in `rest`, not updated

@@ -1,0 +1,65 @@
+"""LoRA adapters on the Qwen2 linear layers: add, train alone, disable, merge for export.
+
+``add_lora(model, rank, alpha)`` gives every targeted ``Linear`` two ``nnx.LoRAParam``
+matrices, ``lora_a [r, in]`` (random) and ``lora_b [out, r]`` (zero, so the adapted model
+starts equal to the base), and the output gains ``alpha / r * x A^T B^T``. Train only the
+adapters by splitting the model with the ``nnx.LoRAParam`` filter; the reference policy is
+the same model with the adapters zeroed (``without_adapters``), as RAGEN uses the actor with
+adapters disabled; ``merge_lora`` folds ``B A`` into the base weights for export.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ragen_jax.models.qwen import Linear
+
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _targets(model: nnx.Module, target_modules: str | tuple[str, ...]):
+    names = ALL_LINEAR if target_modules == "all-linear" else tuple(target_modules)
+    unknown = set(names) - set(ALL_LINEAR)
+    if unknown:
+        raise ValueError(f"lora.target_modules: unknown {sorted(unknown)}; choose from {ALL_LINEAR}")
+    for path, module in nnx.iter_graph(model):
+        if isinstance(module, Linear) and path and path[-1] in names:
+            yield module
+
+
+def add_lora(model: nnx.Module, rank: int, alpha: float = 64.0,
+             target_modules: str | tuple[str, ...] = "all-linear", seed: int = 0) -> nnx.Module:
+    """Adds adapters in place (RAGEN's defaults: ``alpha=64``, all linear layers)."""
+    if rank < 1:
+        raise ValueError(f"lora.rank must be >= 1, got {rank}")
+    key = jax.random.key(seed)
+    for i, linear in enumerate(list(_targets(model, target_modules))):
+        out_dim, in_dim = linear.weight.shape
+        dtype = linear.weight[...].dtype
+        spec = linear.weight.get_metadata().get("out_sharding") or (None, None)
+        a = jax.random.normal(jax.random.fold_in(key, i), (rank, in_dim), dtype) / jnp.sqrt(in_dim)
+        linear.lora_a = nnx.LoRAParam(a, out_sharding=(None, spec[1]), eager_sharding=False)
+        linear.lora_b = nnx.LoRAParam(jnp.zeros((out_dim, rank), dtype), out_sharding=(spec[0], None),
+                                      eager_sharding=False)
+        linear.lora_scale = float(alpha) / rank
+    return model
+
+
+def without_adapters(state: nnx.State) -> nnx.State:
+    """A copy of a model state whose adapters contribute nothing (the reference policy)."""
+    return jax.tree.map(lambda v: v.replace(jnp.zeros_like(v[...])) if isinstance(v, nnx.LoRAParam) else v,
+                        state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def merge_lora(model: nnx.Module) -> nnx.Module:
+    """Folds every adapter into its base weight and removes it (in place), so the model is a
+    plain Qwen2 again: ``save_pretrained`` then exports the adapted policy."""
+    for linear in list(_targets(model, "all-linear")):
+        if getattr(linear, "lora_a", None) is None:
+            continue
+        delta = linear.lora_scale * (linear.lora_b[...] @ linear.lora_a[...])
+        linear.weight[...] = (linear.weight[...] + delta).astype(linear.weight[...].dtype)
+        del linear.lora_a, linear.lora_b, linear.lora_scale
+    return model
