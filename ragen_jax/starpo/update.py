@@ -36,6 +36,9 @@ class UpdateConfig:
     """Actor optimisation settings; defaults are RAGEN's (veRL v0.6.1)."""
 
     lr: float = 1e-6
+    lr_schedule: str = "constant"  # or "cosine": linear warmup, cosine decay to 0
+    warmup_steps: int = 0
+    total_steps: int = 0  # optimizer steps, for "cosine"
     b1: float = 0.9
     b2: float = 0.999
     weight_decay: float = 0.01
@@ -57,6 +60,10 @@ class UpdateConfig:
             raise ValueError(f"update.loss_agg_mode must be one of {losses.AGG_MODES}, got {self.loss_agg_mode!r}")
         if self.kl_estimator not in losses.KL_ESTIMATORS:
             raise ValueError(f"update.kl_estimator must be one of {losses.KL_ESTIMATORS}, got {self.kl_estimator!r}")
+        if self.lr_schedule not in ("constant", "cosine"):
+            raise ValueError(f"update.lr_schedule must be 'constant' or 'cosine', got {self.lr_schedule!r}")
+        if self.lr_schedule == "cosine" and self.total_steps <= self.warmup_steps:
+            raise ValueError("update.total_steps must exceed update.warmup_steps for the cosine schedule")
         if self.micro_batches < 1:
             raise ValueError(f"update.micro_batches must be >= 1, got {self.micro_batches}")
 
@@ -91,10 +98,17 @@ class CriticBatch:
 
 
 def make_optimizer(config: UpdateConfig) -> optax.GradientTransformation:
-    """AdamW with global-norm clipping; non-finite updates are skipped and counted."""
+    """AdamW with global-norm clipping and the configured schedule (RAGEN: constant, no
+    warmup); non-finite updates are skipped and counted."""
+    if config.lr_schedule == "cosine":
+        lr = optax.warmup_cosine_decay_schedule(0.0, config.lr, config.warmup_steps, config.total_steps)
+    elif config.warmup_steps:
+        lr = optax.linear_schedule(0.0, config.lr, config.warmup_steps)
+    else:
+        lr = config.lr
     inner = optax.chain(
         optax.clip_by_global_norm(config.grad_clip),
-        optax.adamw(config.lr, b1=config.b1, b2=config.b2, weight_decay=config.weight_decay),
+        optax.adamw(lr, b1=config.b1, b2=config.b2, weight_decay=config.weight_decay),
     )
     return optax.apply_if_finite(inner, config.max_consecutive_nonfinite)
 
@@ -201,3 +215,24 @@ def make_train_step(graphdef: Any, config: UpdateConfig,
         return new_params, new_opt_state, metrics
 
     return step
+
+
+def ppo_update(step: Callable, params: Any, rest: Any, opt_state: Any, batch: Any, *,
+               epochs: int = 1, mini_batch_size: int | None = None
+               ) -> tuple[Any, Any, dict[str, float]]:
+    """``epochs`` passes over ``batch`` in mini-batches of ``mini_batch_size`` rows, one
+    optimizer step each (RAGEN: 1 epoch, mini-batches of 32 trajectories, no shuffling).
+    Returns the new params and optimizer state and the metrics averaged over the steps."""
+    size = jax.tree.leaves(batch)[0].shape[0]
+    mini = size if mini_batch_size is None else int(mini_batch_size)
+    if size % mini:
+        raise ValueError(f"update: batch of {size} rows is not divisible by mini_batch_size {mini}")
+    history = []
+    for _ in range(epochs):
+        for start in range(0, size, mini):
+            part = jax.tree.map(lambda x, s=start: x[s:s + mini], batch)
+            params, opt_state, metrics = step(params, rest, opt_state, part)
+            history.append(metrics)
+    averaged = {k: float(jnp.mean(jnp.stack([m[k] for m in history]))) for k in history[0]}
+    averaged["train/num_mini_batches"] = float(len(history))
+    return params, opt_state, averaged

@@ -176,3 +176,20 @@ def test_lora_only_update_leaves_base_weights():
     assert float(m["actor/update_skipped"]) == 0.0
     moved = [float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(lora), jax.tree.leaves(new_lora), strict=True)]
     assert max(moved) > 0  # adapters train; the base weights are in `rest`, not updated
+
+
+def test_ppo_update_mini_batches_and_schedule():
+    from ragen_jax.starpo.update import ppo_update
+
+    model, batch = make_case(6)
+    cfg = UpdateConfig(lr=1e-3, lr_schedule="cosine", warmup_steps=2, total_steps=8)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    opt = make_optimizer(cfg)
+    step = make_train_step(graphdef, cfg, opt)
+    params, opt_state, m = ppo_update(step, params, rest, opt.init(params), batch, epochs=2, mini_batch_size=4)
+    assert m["train/num_mini_batches"] == 4.0
+    assert int(opt_state.inner_state[1][-1].count) == 4  # four optimizer steps taken
+    with pytest.raises(ValueError, match="mini_batch_size"):
+        ppo_update(step, params, rest, opt_state, batch, mini_batch_size=3)
+    with pytest.raises(ValueError, match="update.total_steps"):
+        UpdateConfig(lr_schedule="cosine", total_steps=0)
