@@ -203,7 +203,7 @@ def make_train_step(graphdef: Any, config: UpdateConfig,
         (grads, den, sums), _ = jax.lax.scan(accumulate, init, micro)
         if config.loss_agg_mode == "seq-mean-token-sum-norm":
             den = den / num_micro  # a constant horizon, not a count: do not add it up
-        grads = jax.tree.map(lambda g: g / jnp.maximum(den, 1e-8), grads)
+        grads = jax.tree.map(lambda g: (g / jnp.maximum(den, 1e-8)).astype(g.dtype), grads)
         grad_norm = optax.global_norm(grads)
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
