@@ -7,8 +7,10 @@ aggregated exactly over ``micro_batches`` gradient-accumulation chunks (a ``lax.
 optax (global-norm clipping, AdamW) wrapped in ``optax.apply_if_finite`` so that a non-finite
 loss or gradient skips the update, and is counted, instead of poisoning the weights.
 
-Sharding follows the inputs: place the parameters with ``models.shard_model`` and the batch
-with ``sharding.shard_batch``; the same code runs on one device or a mesh.
+Sharding: with ``mesh`` given, the step pins the batch to ``("data", "fsdp")`` and the new
+parameters to their NNX partition specs (``with_sharding_constraint``), so XLA's partitioner
+keeps parameters, gradients and optimizer state sharded the same way on 1 device, 8 simulated
+devices or a pod; place the inputs with ``models.shard_model`` and ``sharding.shard_batch``.
 
 The critic uses the same step with ``critic_objective`` (clipped value loss on
 ``Qwen2ForValue``). Partial (issue 5): the reference model, LoRA and ``ppo_epochs`` /
@@ -26,8 +28,10 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.sharding import Mesh
 
-from ragen_jax.models.qwen import Qwen2ForCausalLM, Qwen2ForValue
+from ragen_jax.models.qwen import Qwen2ForCausalLM, Qwen2ForValue, param_shardings
+from ragen_jax.sharding import batch_sharding
 from ragen_jax.starpo import losses
 
 
@@ -52,7 +56,7 @@ class UpdateConfig:
     loss_agg_mode: str = "token-mean"
     micro_batches: int = 1
     temperature: float = 1.0
-    value_clip: float = 0.5  # critic only
+    value_clip: float = 0.5  # critic only (RAGEN's critic: lr 1e-5, see CRITIC_DEFAULTS)
     max_consecutive_nonfinite: int = 1000
 
     def __post_init__(self):
@@ -66,6 +70,9 @@ class UpdateConfig:
             raise ValueError("update.total_steps must exceed update.warmup_steps for the cosine schedule")
         if self.micro_batches < 1:
             raise ValueError(f"update.micro_batches must be >= 1, got {self.micro_batches}")
+
+
+CRITIC_DEFAULTS = dict(lr=1e-5, entropy_coeff=0.0)  # RAGEN's critic optimiser settings
 
 
 @flax.struct.dataclass
@@ -170,7 +177,7 @@ def actor_objective(model: Qwen2ForCausalLM, batch: TrainBatch, config: UpdateCo
 
 def make_train_step(graphdef: Any, config: UpdateConfig,
                     optimizer: optax.GradientTransformation | None = None,
-                    objective: Callable = actor_objective) -> Callable:
+                    objective: Callable = actor_objective, mesh: Mesh | None = None) -> Callable:
     """The jitted step ``(params, rest, opt_state, batch) -> (params, opt_state, metrics)``.
 
     ``graphdef, params, rest = nnx.split(model, nnx.Param, ...)``. ``objective`` is
@@ -189,6 +196,8 @@ def make_train_step(graphdef: Any, config: UpdateConfig,
 
     @jax.jit
     def step(params, rest, opt_state, batch):
+        if mesh is not None:
+            batch = jax.lax.with_sharding_constraint(batch, batch_sharding(mesh))
         micro = jax.tree.map(lambda x: x.reshape(num_micro, x.shape[0] // num_micro, *x.shape[1:]), batch)
 
         def accumulate(carry, mb):
@@ -207,6 +216,8 @@ def make_train_step(graphdef: Any, config: UpdateConfig,
         grad_norm = optax.global_norm(grads)
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
+        if mesh is not None:
+            new_params = jax.lax.with_sharding_constraint(new_params, param_shardings(new_params, mesh))
         tokens = jnp.maximum(sums.pop("tokens"), 1.0)
         metrics = {k: v / tokens for k, v in sums.items()}
         metrics[f"{prefix}/grad_norm"] = grad_norm

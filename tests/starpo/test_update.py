@@ -118,7 +118,10 @@ _SHARDED = textwrap.dedent("""
         batch = shard_batch(batch, mesh)
         cfg = UpdateConfig(lr=1e-3, micro_batches=2)
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-        params, _, m = make_train_step(graphdef, cfg)(params, rest, make_optimizer(cfg).init(params), batch)
+        before = jax.tree.leaves(params)
+        params, _, m = make_train_step(graphdef, cfg, mesh=mesh)(params, rest, make_optimizer(cfg).init(params), batch)
+        for x, y in zip(before, jax.tree.leaves(params)):  # the step keeps each parameter's sharding
+            assert x.sharding.is_equivalent_to(y.sharding, x.ndim), (shape, x.sharding, y.sharding)
         out[str(shape)] = {{"loss": float(m["actor/pg_loss"]), "grad_norm": float(m["actor/grad_norm"]),
                            "params": [np.asarray(x).ravel()[:64].tolist() for x in jax.tree.leaves(params)]}}
     print(json.dumps(out))
