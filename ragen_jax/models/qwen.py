@@ -442,6 +442,18 @@ class Qwen2Model(nnx.Module):
             [Qwen2DecoderLayer(config, rngs=rngs) for _ in range(config.num_hidden_layers)]
         )
         self.norm = RMSNorm(config.hidden_size, config)
+        # Set by ``shard_model``: keeps activations [B, T, E] split over the batch axes, as
+        # MaxText's activation constraints do; without it XLA may replicate them.
+        self.activation_sharding = None
+
+    def _constrain(self, x):
+        sharding = self.activation_sharding
+        if sharding is None:
+            return x
+        shards = sharding.mesh.shape["data"] * sharding.mesh.shape["fsdp"]
+        if x.shape[0] % shards:  # e.g. a sampler batch of 1 on 8 devices: leave it to XLA
+            return x
+        return jax.lax.with_sharding_constraint(x, sharding)
 
     def __call__(self, tokens: jax.Array, positions: jax.Array,
                  attention_mask: jax.Array | None = None, cache: KVCache | None = None
@@ -450,7 +462,7 @@ class Qwen2Model(nnx.Module):
         ``Qwen2ForCausalLM.__call__`` for the arguments)."""
         b, t = tokens.shape
         mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
-        x = self.embed_tokens(tokens)  # [B, T, E]
+        x = self._constrain(self.embed_tokens(tokens))  # [B, T, E]
 
         if cache is None:
             causal = jnp.tril(jnp.ones((t, t), bool))  # [T, S=T]
@@ -467,6 +479,7 @@ class Qwen2Model(nnx.Module):
         new_kv = []
         for layer, layer_cache in zip(self.layers, kv, strict=True):
             x, layer_cache = layer(x, positions, attn_mask, layer_cache, index)
+            x = self._constrain(x)
             new_kv.append(layer_cache)
 
         if cache is not None:
@@ -588,6 +601,7 @@ def shard_model(model: Qwen2ForCausalLM, mesh: Mesh) -> Qwen2ForCausalLM:
     """Places every parameter of ``model`` on ``mesh`` following its partition spec (in place)."""
     state = nnx.state(model)
     shardings = param_shardings(state, mesh)
+    model.model.activation_sharding = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
     values = jax.tree.map(
         lambda var, s: jax.device_put(var[...], s),
         state,

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
@@ -142,7 +142,10 @@ def from_pretrained(
 
     for p, var in flat:
         var.set_value(values[tuple(p)])
-    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+    model = nnx.merge(graphdef, nnx.from_flat_state(flat))
+    if mesh is not None:
+        model.model.activation_sharding = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+    return model
 
 
 def save_pretrained(model: Qwen2ForCausalLM, path: str | os.PathLike) -> None:
