@@ -5,6 +5,7 @@ from ragen_jax.rollout.agent import (
     RolloutBatch,
     RolloutConfig,
     ScriptedPolicy,
+    collect,
     train_seeds,
     val_seeds,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "SamplingParams",
     "ScriptedPolicy",
     "bucket_length",
+    "collect",
     "parse_response",
     "train_seeds",
     "val_seeds",

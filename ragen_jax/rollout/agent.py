@@ -558,3 +558,14 @@ class AgentRollout:
             "rollout/tokens": float(sum(ep.length for ep in eps)),
             "rollout/sampled_tokens": float(resp.sum()),
         }
+
+
+def collect(policy: Policy, env: Any, env_params: Any, tokenizer: Any,
+            group_seeds: Sequence[int] | np.ndarray, key: jax.Array,
+            config: RolloutConfig = RolloutConfig(), **kw: Any) -> RolloutBatch:
+    """DESIGN's ``rollout.collect(actor, env, tok, seeds)``: a one-shot ``AgentRollout``.
+
+    The jitted env functions are cached per env object and the chat pieces are cheap, so a
+    fresh ``AgentRollout`` per call costs nothing measurable; keep one to skip even that.
+    """
+    return AgentRollout(env, env_params, tokenizer, config).collect(policy, group_seeds, key, **kw)

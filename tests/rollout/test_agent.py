@@ -16,6 +16,7 @@ from ragen_jax.rollout.agent import (
     AgentRollout,
     RolloutConfig,
     ScriptedPolicy,
+    collect,
     env_functions,
     train_seeds,
     val_seeds,
@@ -234,7 +235,7 @@ def test_groups_share_initial_states_and_seeds(sokoban, tok):
     ro = _rollout(sokoban, tok, max_turn=1)
     a = ro.collect(_script(tok, TEXTS), s0, jax.random.key(7))
     b = ro.collect(_script(tok, TEXTS), s1, jax.random.key(7))
-    c = ro.collect(_script(tok, TEXTS), s0, jax.random.key(8))
+    c = collect(_script(tok, TEXTS), *sokoban, tok, s0, jax.random.key(8), cfg)  # one-shot API
     state = lambda batch, i: batch.trajectories[i]["turns"][0]["state"]  # noqa: E731
     assert state(a, 0) == state(a, 1) and state(a, 2) == state(a, 3)
     assert state(a, 0) != state(a, 2)
