@@ -87,10 +87,13 @@ def main() -> None:
     ap.add_argument("--response-length", type=int, default=64)
     ap.add_argument("--big-groups", type=int, default=2, help="groups for --big (size 1)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--big-only", action="store_true", help="only the 0.5B-shaped model")
+    ap.add_argument("--append", action="store_true",
+                    help="append this table to the results file instead of replacing it")
     args = ap.parse_args()
 
-    rows = bench("tiny", QwenConfig.tiny(), args)
-    if args.big:
+    rows = [] if args.big_only else bench("tiny", QwenConfig.tiny(), args)
+    if args.big or args.big_only:
         big = argparse.Namespace(**{**vars(args), "groups": args.big_groups, "group_size": 1,
                                     "repeats": 1})
         # The 0.5B shapes with the built-in tokenizer's vocabulary (the random model never
@@ -106,7 +109,8 @@ def main() -> None:
         f"Sokoban 6x6, 1 box, {args.turns} turns, {args.response_length} new tokens per turn "
         "(random weights: responses always run to the budget, every turn is a format error, "
         "so every episode plays all turns), float32, temperature 1. Median of "
-        f"{args.repeats} runs after a compiling warm-up (0.5B: one run). Host: "
+        f"{args.repeats} runs after a compiling warm-up (0.5B: one run; {args.big_groups} "
+        "episodes). Host: "
         f"{platform.machine()}, {os.cpu_count()} CPUs, jax {jax.__version__}, "
         f"{jax.devices()[0].platform}. Host share = wall time outside the generate and env "
         "calls (rendering, chunk tokenisation, decoding, parsing, batch assembly) / wall time.",
@@ -123,6 +127,8 @@ def main() -> None:
             f"{r['first_run_s']:.1f} |")
     text = "\n".join(lines) + "\n"
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    if args.append and RESULTS.exists():
+        text = RESULTS.read_text() + "\n## Another run\n\n" + text.split("\n", 2)[2]
     RESULTS.write_text(text)
     print(text)
 
