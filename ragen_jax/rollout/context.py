@@ -174,7 +174,9 @@ def user_message(cfg: ContextConfig, *, turn: int, state: str, actions_left: int
 # Chat-template pieces and tokenisation
 # ----------------------------------------------------------------------------------------------
 
-_SENTINELS = ("\x1eSYS\x1e", "\x1eUSR1\x1e", "\x1eAST1\x1e", "\x1eUSR2\x1e")
+# Not whitespace (templates that strip contents keep them) and lower case (so a template that
+# rewrites contents is detected).
+_SENTINELS = ("@@sys-7f3a@@", "@@user1-7f3a@@", "@@assistant1-7f3a@@", "@@user2-7f3a@@")
 
 
 class ChatFormat:

@@ -181,3 +181,19 @@ def test_generated_ids_never_raise(chat, ids):
     p = parse_response("<think>" + text, NAMES, CFG, special_inside=special)
     if special:
         assert p.format_error
+
+
+def test_template_fallback_and_rejection():
+    plain = tk.load(None)
+    plain.chat_template = None  # no template: ChatML pieces
+    chat = ChatFormat(plain, CFG)
+    assert chat.first_chunk("S", "U") == (
+        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n"
+        "<|im_start|>assistant\n<think>")
+    assert ContextConfig(prefill_tag=False).answer_prefix == ""
+    assert ContextConfig(enable_think=False).answer_prefix == "<answer>"
+    rewriting = tk.load(None)
+    rewriting.chat_template = rewriting.chat_template.replace(
+        "message['content']", "(message['content'] | upper)")
+    with pytest.raises(ValueError, match="verbatim"):
+        ChatFormat(rewriting, CFG)
