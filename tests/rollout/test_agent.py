@@ -311,3 +311,32 @@ def test_bandit_state_dependent_action_names(tok):
     t = [tr["turns"][0] for tr in batch.trajectories]
     assert t[0]["state"] == t[1]["state"] and t[0]["executed"] != t[1]["executed"]
     assert batch.success[0] != batch.success[1]
+
+
+def test_frozenlake_hole_terminates_without_success(tok):
+    """``success`` needs the env's success, not only termination: stepping into a hole ends
+    the episode (terminated) as a failure; stepping onto the goal is a success."""
+    env, params = make("frozenlake", is_slippery=False)
+    ro = AgentRollout(env, params, tok, dataclasses.replace(CFG, max_turn=1))
+    moves = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
+    target = {}
+
+    def script(row, call, prompt):
+        grid = tok.decode(prompt).split("State:\n")[1].split("\nYou have")[0].split("\n")
+        r, c = next((i, line.index("P")) for i, line in enumerate(grid) if "P" in line)
+        around = {}
+        for name, (dr, dc) in moves.items():
+            if 0 <= r + dr < len(grid) and 0 <= c + dc < len(grid[0]):
+                around.setdefault(grid[r + dr][c + dc], name)
+        cell = next((x for x in ("G", "O", "_") if x in around), None)
+        target[row] = cell
+        return tok(f"a</think><answer>{around[cell]}</answer>",
+                   add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+
+    batch = ro.collect(ScriptedPolicy(script), np.arange(32), jax.random.key(11), group_size=1)
+    assert "O" in target.values()
+    for row, cell in target.items():
+        traj = batch.trajectories[row]
+        assert traj["terminated"] == (cell in "GO") and not traj["truncated"]
+        assert batch.success[row] == (cell == "G")
+        assert batch.episodic_return[row] == (1.0 if cell == "G" else 0.0)
