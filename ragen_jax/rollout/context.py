@@ -1,0 +1,354 @@
+"""RAGEN's context manager: prompt text, chat-template token pieces, and response parsing.
+
+Three parts, all host side (DESIGN decision 8: small string work only):
+
+* **Wording** (``ContextConfig``): RAGEN's system message (env instruction, symbol legend,
+  available actions) and per-turn user block (turn number, state, optional warning, actions
+  left, output-format instruction), with the previous turn's reward before the next state.
+  Every string is a config field. One deliberate change: the system message states the true
+  per-turn action limit (``max_actions_per_turn``); RAGEN's says ``max_actions_per_traj``
+  (10) while it executes only 2 per turn.
+* **Token pieces** (``ChatFormat``): the tokenizer's chat template is rendered once with
+  sentinel strings and cut into the literal text pieces around each message. A trajectory is
+  then built chunk by chunk as ONE token sequence (DESIGN decision 2)::
+
+      [first_chunk(system, user_1)] [generated 1] [next_chunk(user_2)] [generated 2] ...
+
+  ``first_chunk`` is the template prefix, the system message, the first user message and the
+  assistant header (plus the ``<think>`` / ``<answer>`` tag RAGEN appends to the generation
+  prompt). ``next_chunk`` is the template text between an assistant message's end-of-turn
+  token and the next assistant header, with the user message in it. The end-of-turn token
+  (``<|im_end|>`` for ChatML) is normally *generated* by the model (so it is trained on); if
+  the model stopped without it (token budget, or another stop token), ``next_chunk`` starts
+  with it as inserted template text. Only these inserted chunks are ever tokenised; generated
+  tokens are kept as sampled and never re-tokenised from decoded text.
+* **Parsing** (``parse_response``): RAGEN's ``<think>(.*?)</think>\\s*<answer>(.*?)</answer>``
+  pattern (answer-only when thinking is off), actions split on ``||``, stripped, empty parts
+  dropped, the first ``max_actions_per_turn`` kept, matched case-insensitively to the env's
+  action names. Stricter than RAGEN in three named ways, each a format error: a tag appearing
+  more than once (nested/duplicated tags, which RAGEN's lazy regex can accept), a special
+  token generated before the end of the turn (RAGEN silently strips them), and an answer longer
+  than ``max_answer_chars``. Parsing never raises and never evaluates model text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+# ChatML as Qwen2/2.5 writes it; used when a tokenizer has no chat template.
+_CHATML = {
+    "prefix": "<|im_start|>system\n",
+    "system_to_user": "<|im_end|>\n<|im_start|>user\n",
+    "user_to_assistant": "<|im_end|>\n<|im_start|>assistant\n",
+    "assistant_to_user": "<|im_end|>\n<|im_start|>user\n",
+}
+
+# RAGEN-style instructions per registered env name (RAGEN's Sokoban wording; FrozenLake and
+# Bandit wording is our own: RAGEN's FrozenLake text has typos and its bandit lives in the
+# observation, which our Bandit's render_text also provides).
+ENV_INSTRUCTIONS = {
+    "Sokoban": (
+        "You are solving the Sokoban puzzle. You are the player and you need to push all boxes "
+        "to targets. When you are right next to a box, you can push it by moving in the same "
+        "direction. You cannot push a box through a wall, and you cannot pull a box. The answer "
+        "should be a sequence of actions, like <answer>Right || Right || Up</answer>"
+    ),
+    "FrozenLake": (
+        "You are walking on a frozen lake. Reach the goal G without falling into a hole O. The "
+        "ice is slippery, so you may move in a direction you did not choose. The answer should "
+        "be a sequence of actions, like <answer>Left || Up</answer>"
+    ),
+    "Bandit": (
+        "You are playing a bandit game. Infer the risk of each arm from its name and choose the "
+        "arm with the higher expected reward. The answer should be the name of one arm, like "
+        "<answer>arm name</answer>"
+    ),
+}
+
+# Symbol legends for envs without a ``symbol_legend()`` method (grid observations only).
+ENV_LEGENDS = {
+    "FrozenLake": "P: player, _: empty, O: hole, G: goal, X: player in hole, √: player on goal",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ContextConfig:
+    """Prompt wording and per-turn parsing budget (defaults: RAGEN's, see RAGEN_FACTS §4).
+
+    ``env_instruction`` None means ``ENV_INSTRUCTIONS[type(env).__name__]`` (or empty).
+    ``prefill_tag``: append ``<think>`` (``<answer>`` when thinking is off) to the generation
+    prompt as RAGEN does; the parser then prefixes it to the generated text.
+    ``max_tokens_hint`` is only the number written in the prompt ("Max response length").
+    """
+
+    enable_think: bool = True
+    max_actions_per_turn: int = 2
+    format_penalty: float = -0.1
+    max_tokens_hint: int = 100
+    max_answer_chars: int = 256
+    prefill_tag: bool = True
+    action_sep: str = "||"
+    env_instruction: str | None = None
+    system_prefix: str = "You're a helpful assistant. "
+    legend_template: str = "\nThe meaning of each symbol in the state is:\n{legend}"
+    actions_template: str = (
+        "\nYour available actions are:\n{actions}\nYou can make up to {max_actions_per_turn} "
+        "actions per turn, separated by the action separator \" || \"\n"
+    )
+    turn_template: str = (
+        "\nTurn {turn}:\nState:\n{state}\n{warning}You have {actions_left} actions left. "
+        "Always output: {format} with no extra text. Strictly follow this format. Max response "
+        "length: {max_tokens} words (tokens).\n"
+    )
+    reward_template: str = "Reward:\n{reward}\n"
+    warning: str = (
+        "No valid action provided previously. Environment state remains the same. Please try "
+        "again.\n"
+    )
+    think_format: str = "<think> [Your thoughts] </think> <answer> [your answer] </answer>"
+    answer_format: str = "<answer> [your answer] </answer>"
+
+    def __post_init__(self):
+        if self.max_actions_per_turn < 1:
+            raise ValueError("max_actions_per_turn must be >= 1")
+        if not self.action_sep:
+            raise ValueError("action_sep must be a non-empty string")
+
+    @property
+    def answer_prefix(self) -> str:
+        """The tag appended to the generation prompt (empty when ``prefill_tag`` is off)."""
+        if not self.prefill_tag:
+            return ""
+        return "<think>" if self.enable_think else "<answer>"
+
+
+# ----------------------------------------------------------------------------------------------
+# Prompt text
+# ----------------------------------------------------------------------------------------------
+
+
+def system_message(env: Any, action_names: Sequence[str], cfg: ContextConfig) -> str:
+    """RAGEN's system message: prefix, env instruction, symbol legend, available actions."""
+    name = type(env).__name__
+    instruction = cfg.env_instruction
+    if instruction is None:
+        instruction = ENV_INSTRUCTIONS.get(name, "")
+    text = cfg.system_prefix + instruction
+    if getattr(env, "observation_format", "grid") in ("grid", "grid_coord"):
+        legend_fn = getattr(env, "symbol_legend", None)
+        legend = legend_fn() if callable(legend_fn) else ENV_LEGENDS.get(name)
+        if legend:
+            text += cfg.legend_template.format(legend=legend)
+    text += cfg.actions_template.format(actions=", ".join(action_names),
+                                        max_actions_per_turn=cfg.max_actions_per_turn)
+    return text
+
+
+def format_reward(reward: float) -> str:
+    """A turn reward as the prompt shows it (4 decimals at most, no float noise)."""
+    r = round(float(reward), 4)
+    return str(int(r)) if r == int(r) and abs(r) < 1e15 else repr(r)
+
+
+def user_message(cfg: ContextConfig, *, turn: int, state: str, actions_left: int,
+                 warning: bool = False, prev_reward: float | None = None) -> str:
+    """One turn's user block; ``prev_reward`` (the previous turn's reward) goes first."""
+    text = "" if prev_reward is None else cfg.reward_template.format(reward=format_reward(prev_reward))
+    text += cfg.turn_template.format(
+        turn=turn,
+        state=state,
+        warning=cfg.warning if warning else "",
+        actions_left=actions_left,
+        format=cfg.think_format if cfg.enable_think else cfg.answer_format,
+        max_tokens=cfg.max_tokens_hint,
+    )
+    return text
+
+
+# ----------------------------------------------------------------------------------------------
+# Chat-template pieces and tokenisation
+# ----------------------------------------------------------------------------------------------
+
+# Not whitespace (templates that strip contents keep them) and lower case (so a template that
+# rewrites contents is detected).
+_SENTINELS = ("@@sys-7f3a@@", "@@user1-7f3a@@", "@@assistant1-7f3a@@", "@@user2-7f3a@@")
+
+
+class ChatFormat:
+    """The tokenizer's chat template cut into literal pieces, and chunk tokenisation.
+
+    The template is rendered once for ``[system, user, assistant, user]`` with sentinel
+    contents and generation prompt on; the text around the sentinels gives ``prefix``,
+    ``system_to_user``, ``user_to_assistant`` (the assistant header), ``assistant_end`` (the
+    end-of-turn token text the model should emit) and ``assistant_to_user``. Templates that
+    drop or rewrite message contents are not supported (checked: every sentinel must appear
+    once and the two assistant headers must agree); a tokenizer without a template gets
+    ChatML.
+
+    Attributes: ``eot_id`` (end-of-turn token id), ``stop_ids`` (ids that end a generation:
+    the end-of-turn token and the eos token), ``special_ids`` (ids of every special token;
+    a generated one before the final stop token is a format error), ``pad_id``.
+    """
+
+    def __init__(self, tokenizer: Any, cfg: ContextConfig):
+        self.tokenizer = tokenizer
+        self.cfg = cfg
+        pieces = _template_pieces(tokenizer)
+        self.prefix = pieces["prefix"]
+        self.system_to_user = pieces["system_to_user"]
+        self.user_to_assistant = pieces["user_to_assistant"]
+        after = pieces["assistant_to_user"]
+        self.eot_text = _leading_special(tokenizer, after)
+        if not self.eot_text:
+            raise ValueError(f"chat template: no end-of-turn special token after an assistant "
+                             f"message (got {after[:40]!r})")
+        self.assistant_to_user = after[len(self.eot_text):]
+        self.eot_id = int(tokenizer.convert_tokens_to_ids(self.eot_text))
+        stops = [self.eot_id]
+        if tokenizer.eos_token_id is not None and int(tokenizer.eos_token_id) != self.eot_id:
+            stops.append(int(tokenizer.eos_token_id))
+        self.stop_ids = np.asarray(stops, np.int32)
+        specials = [i for i, t in tokenizer.added_tokens_decoder.items() if t.special]
+        self.special_ids = np.asarray(sorted(set(specials) | set(stops)), np.int32)
+        pad = tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else tokenizer.eos_token_id or 0)
+
+    # -- chunk text ----------------------------------------------------------------------------
+
+    def first_chunk(self, system: str, user: str) -> str:
+        """Template prefix + system + first user message + assistant header (+ tag)."""
+        return (self.prefix + system + self.system_to_user + user + self.user_to_assistant
+                + self.cfg.answer_prefix)
+
+    def next_chunk(self, user: str, *, emitted_eot: bool) -> str:
+        """Text inserted after a generated turn: [end-of-turn if the model did not emit it],
+        the glue to the next user message, the message, and the next assistant header."""
+        eot = "" if emitted_eot else self.eot_text
+        return (eot + self.assistant_to_user + user + self.user_to_assistant
+                + self.cfg.answer_prefix)
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """Tokenises inserted (template/env) text, one list of ids per string, batched."""
+        if not texts:
+            return []
+        out = self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+        return [list(map(int, ids)) for ids in out]
+
+    # -- generated text ------------------------------------------------------------------------
+
+    def generated_text(self, ids: Sequence[int] | np.ndarray) -> tuple[str, bool, bool]:
+        """Decodes one turn's generated ids for parsing.
+
+        Returns ``(text, emitted_eot, special_inside)``: the text without the final stop
+        token, whether that final token was the end-of-turn token, and whether any special
+        token was generated before the end (a format error).
+        """
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        emitted_eot = bool(ids.size) and int(ids[-1]) == self.eot_id
+        body = ids[:-1] if ids.size and np.isin(ids[-1], self.stop_ids) else ids
+        special_inside = bool(np.isin(body, self.special_ids).any())
+        text = self.tokenizer.decode(body.tolist(), skip_special_tokens=False)
+        return text, emitted_eot, special_inside
+
+
+def _template_pieces(tokenizer: Any) -> dict[str, str]:
+    if not getattr(tokenizer, "chat_template", None):
+        return dict(_CHATML)
+    s, u1, a1, u2 = _SENTINELS
+    msgs = [{"role": "system", "content": s}, {"role": "user", "content": u1},
+            {"role": "assistant", "content": a1}, {"role": "user", "content": u2}]
+    text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    if any(text.count(x) != 1 for x in _SENTINELS):
+        raise ValueError("chat template does not render message contents verbatim; "
+                         "ChatFormat cannot cut it into pieces")
+    i_s, i_u1, i_a1, i_u2 = (text.index(x) for x in _SENTINELS)
+    pieces = {
+        "prefix": text[:i_s],
+        "system_to_user": text[i_s + len(s):i_u1],
+        "user_to_assistant": text[i_u1 + len(u1):i_a1],
+        "assistant_to_user": text[i_a1 + len(a1):i_u2],
+    }
+    tail = text[i_u2 + len(u2):]
+    if tail != pieces["user_to_assistant"]:
+        raise ValueError(f"chat template: inconsistent assistant headers {tail!r} vs "
+                         f"{pieces['user_to_assistant']!r}")
+    return pieces
+
+
+def _leading_special(tokenizer: Any, text: str) -> str:
+    """The longest special token string that ``text`` starts with ('' if none)."""
+    best = ""
+    for tok in tokenizer.added_tokens_decoder.values():
+        if tok.special and text.startswith(tok.content) and len(tok.content) > len(best):
+            best = tok.content
+    return best
+
+
+# ----------------------------------------------------------------------------------------------
+# Parsing
+# ----------------------------------------------------------------------------------------------
+
+_THINK_RE = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
+
+
+@dataclasses.dataclass
+class ParsedTurn:
+    """One parsed response.
+
+    ``actions``: the kept action strings (first ``max_actions_per_turn`` parts);
+    ``action_ids``: the ids of the valid ones, in order (what the env executes);
+    ``format_error``: the turn earns the format penalty (no match, a malformed answer, an
+    unknown action name, or no valid action); ``reason`` says which, for the viewer/metrics.
+    """
+
+    think: str
+    answer: str
+    actions: list[str]
+    action_ids: list[int]
+    format_error: bool
+    reason: str
+
+    @property
+    def num_invalid(self) -> int:
+        return len(self.actions) - len(self.action_ids)
+
+
+def parse_response(text: str, action_names: Sequence[str], cfg: ContextConfig, *,
+                   special_inside: bool = False) -> ParsedTurn:
+    """Parses one generated response (``text`` already prefixed with the prefilled tag).
+
+    Never raises for any string; model text is only matched, split and compared.
+    """
+    if not isinstance(text, str):
+        text = str(text)
+    if special_inside:
+        return ParsedTurn("", "", [], [], True, "special token")
+    want = (1, 1, 1, 1) if cfg.enable_think else (0, 0, 1, 1)
+    if tuple(text.count(t) for t in _TAGS) != want:
+        return ParsedTurn("", "", [], [], True, "tags")
+    if cfg.enable_think:
+        m = _THINK_RE.search(text)
+        think, answer = (m.group(1), m.group(2)) if m else ("", "")
+    else:
+        m = _ANSWER_RE.search(text)
+        think, answer = "", (m.group(1) if m else "")
+    if m is None:
+        return ParsedTurn("", "", [], [], True, "pattern")
+    if len(answer) > cfg.max_answer_chars:
+        return ParsedTurn(think, answer, [], [], True, "answer too long")
+    parts = [p.strip() for p in answer.split(cfg.action_sep)]
+    actions = [p for p in parts if p][: cfg.max_actions_per_turn]
+    lookup = {str(n).strip().lower(): i for i, n in enumerate(action_names)}
+    ids = [lookup[a.lower()] for a in actions if a.lower() in lookup]
+    if not ids:
+        return ParsedTurn(think, answer, actions, [], True, "no valid action")
+    if len(ids) != len(actions):
+        return ParsedTurn(think, answer, actions, ids, True, "unknown action")
+    return ParsedTurn(think, answer, actions, ids, False, "")

@@ -1,0 +1,342 @@
+"""The multi-turn loop: masks, penalties, budgets, truncation, groups/seeds, log-prob parity."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from ragen_jax.envs import make
+from ragen_jax.models import Qwen2ForCausalLM, QwenConfig, positions_from_mask
+from ragen_jax.models import tokenizer as tk
+from ragen_jax.rollout import Sampler
+from ragen_jax.rollout.agent import (
+    AgentRollout,
+    RolloutConfig,
+    ScriptedPolicy,
+    collect,
+    env_functions,
+    train_seeds,
+    val_seeds,
+)
+from ragen_jax.rollout.context import format_reward
+
+CFG = RolloutConfig(env_groups=2, group_size=2, response_length=32)
+SEEDS = np.array([3, 4])
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tk.load(None)
+
+
+@pytest.fixture(scope="module")
+def sokoban():
+    return make("sokoban")
+
+
+def _rollout(sokoban, tok, **kw):
+    env, params = sokoban
+    return AgentRollout(env, params, tok, dataclasses.replace(CFG, **kw))
+
+
+def _script(tok, texts, end=True):
+    """All rows answer ``texts[call]`` (the empty string after the list ends)."""
+    return ScriptedPolicy.from_texts(
+        tok, lambda row, call: texts[call] if call < len(texts) else "", end=end)
+
+
+@pytest.fixture(scope="module")
+def ref(sokoban):
+    """The 4 initial states (the loop's own jitted batched reset) and a jitted unbatched step,
+    for replaying a trajectory independently of the loop."""
+    env, params = sokoban
+    keys = jax.vmap(jax.random.key)(jnp.asarray(np.repeat(SEEDS, 2), jnp.uint32))
+    _, states = env_functions(env)[0](keys, params)
+    return sokoban, jax.device_get(states), jax.jit(env.step_env)
+
+
+def _reference(ref, row, per_turn_ids, budget):
+    """Replays the valid actions of each turn with the unbatched env: [(executed, reward, done)]."""
+    (env, params), states, step = ref
+    state = jax.tree.map(lambda x: jnp.asarray(x[row]), states)
+    out, total = [], 0
+    for ids in per_turn_ids:
+        ids = ids[: budget - total]
+        executed, reward, done = 0, 0.0, False
+        for a in ids:
+            _, state, r, term, _ = step(jax.random.key(0), state, a, params)
+            executed, reward, total = executed + 1, reward + float(r), total + 1
+            if bool(term):
+                done = True
+                break
+        out.append((executed, reward, done))
+        if done or total >= budget:
+            break
+    return out
+
+
+TEXTS = [
+    "nothing useful",  # no tags: penalty, env not stepped
+    "x</think><answer>Up || Jump</answer>",  # one unknown name: penalty, Up runs
+    "y</think><answer>Left || Right || Down</answer>",  # first two kept, both run
+    "z</think> <answer>down</answer>",
+    "",  # empty answer: penalty
+]
+VALID = [[], [0], [2, 3], [1], []]
+PENALTY = [True, True, False, False, True]
+
+
+def test_turn_by_turn_penalties_rewards_and_prompts(sokoban, tok, ref):
+    ro = _rollout(sokoban, tok)
+    policy = _script(tok, TEXTS)
+    batch = ro.collect(policy, SEEDS, jax.random.key(0))
+    for b, traj in enumerate(batch.trajectories):
+        expect = _reference(ref, b, VALID, CFG.max_actions_per_traj)
+        turns = traj["turns"]
+        assert len(turns) == len(expect)
+        score = 0.0
+        for k, (t, (executed, reward, _)) in enumerate(zip(turns, expect, strict=True)):
+            assert bool(t["format_error"]) == PENALTY[k], (k, t)
+            assert len(t["executed"]) == executed
+            assert t["reward"] == pytest.approx(reward, abs=1e-5)
+            assert t["penalty"] == (-0.1 if PENALTY[k] else 0.0)
+            score += reward + t["penalty"]
+        assert batch.scores[b] == pytest.approx(score, abs=1e-5)
+        assert batch.num_actions[b] == sum(e for e, _, _ in expect)
+        assert batch.success[b] == expect[-1][2]
+        # The score sits on the last sampled token, nowhere else.
+        last = np.flatnonzero(batch.loss_mask[b])[-1]
+        assert batch.token_rewards[b, last] == pytest.approx(score, abs=1e-5)
+        assert np.count_nonzero(batch.token_rewards[b]) <= 1
+    # Prompts, turn by turn: only the new chunk is sent; reward, warning, actions left.
+    p1 = tok.decode(policy.calls[1][0])
+    assert p1.startswith("\n<|im_start|>user\nReward:\n0\n\nTurn 2:\nState:\n")
+    assert "No valid action provided previously" in p1 and "You have 10 actions left" in p1
+    assert p1.endswith("<|im_start|>assistant\n<think>")
+    p2 = tok.decode(policy.calls[2][0])
+    assert "No valid action" not in p2 and "You have 9 actions left" in p2
+    assert "Reward:\n" + format_reward(batch.trajectories[0]["turns"][1]["reward"]) in p2
+    first = tok.decode(policy.calls[0][0])
+    assert first.startswith("<|im_start|>system\nYou're a helpful assistant.")
+    m = batch.metrics
+    assert m["rollout/length_truncated"] == 0
+    if (batch.num_turns == 5).all():  # (no random level was solved on the way)
+        assert m["Sokoban/format_error_rate"] == pytest.approx(3 / 5)
+        assert m["Sokoban/action_is_valid"] == pytest.approx(2 / 5)
+
+
+def test_masks_cover_exactly_the_sampled_tokens(sokoban, tok):
+    ro = _rollout(sokoban, tok, max_turn=3)
+    policy = _script(tok, TEXTS)
+    batch = ro.collect(policy, SEEDS, jax.random.key(1))
+    for b, traj in enumerate(batch.trajectories):
+        real = batch.attention_mask[b]
+        assert real[: real.sum()].all() and not real[real.sum():].any()  # a prefix
+        ids = batch.input_ids[b, real]
+        loss = batch.loss_mask[b, real]
+        # Sampled tokens = exactly what the policy emitted, in order (eot included).
+        emitted = []
+        for call in range(len(traj["turns"])):
+            emitted += tok(TEXTS[call], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        assert ids[loss].tolist() == emitted
+        # Inserted tokens = exactly the chunks the policy was prompted with.
+        assert ids[~loss].tolist() == sum((c[b] for c in policy.calls), [])
+        # The whole sequence is the chat template of the conversation (no re-tokenisation).
+        text = tok.apply_chat_template(traj["messages"], tokenize=False)
+        assert tok.decode(ids.tolist()) + "\n" == text
+        np.testing.assert_array_equal(batch.logprobs[b, real][loss], -1.0)
+        assert not batch.logprobs[b][~batch.loss_mask[b]].any()
+        assert set(np.unique(batch.turn_ids[b, real])) == {1, 2, 3}
+    assert batch.input_ids.shape[1] % CFG.pad_multiple == 0
+    np.testing.assert_array_equal(batch.position_ids[0, :5], np.arange(5))
+    np.testing.assert_array_equal(batch.group_ids, [0, 0, 1, 1])
+    np.testing.assert_array_equal(batch.env_ids, [0, 1, 2, 3])
+
+
+def test_inserted_end_of_turn_after_a_cut_answer(sokoban, tok):
+    """A response cut by the token budget gets the end-of-turn token inserted (mask 0)."""
+    ro = _rollout(sokoban, tok, max_turn=2, response_length=4)
+    policy = _script(tok, ["a b c d e f g h i j"] * 2, end=False)
+    batch = ro.collect(policy, SEEDS, jax.random.key(2))
+    ids, loss = batch.input_ids[0], batch.loss_mask[0]
+    sampled = np.flatnonzero(loss)
+    assert len(sampled) == 8
+    after = sampled[3] + 1
+    assert ids[after] == tok.eos_token_id and not loss[after]
+    assert tok.decode(policy.calls[1][0]).startswith("<|im_end|>\n<|im_start|>user\n")
+    assert batch.metrics["Sokoban/format_error_rate"] == 1.0
+
+
+def test_action_budget_truncates(sokoban, tok, ref):
+    ro = _rollout(sokoban, tok, max_actions_per_traj=3)
+    policy = _script(tok, ["a</think><answer>Up || Down</answer>"] * 5)
+    batch = ro.collect(policy, SEEDS, jax.random.key(3))
+    for b, traj in enumerate(batch.trajectories):
+        expect = _reference(ref, b, [[0, 1]] * 5, 3)
+        assert len(traj["turns"]) == len(expect)
+        assert batch.num_actions[b] == sum(e for e, _, _ in expect)
+        if not expect[-1][2]:  # not solved: truncated by the budget after 2 turns, 2 + 1 actions
+            assert traj["truncated"] and not batch.success[b]
+            assert [len(t["executed"]) for t in traj["turns"]] == [2, 1]
+    assert len(policy.calls) == 2
+
+
+def test_turn_scores_option(sokoban, tok):
+    ro = _rollout(sokoban, tok, use_turn_scores=True, max_turn=3)
+    batch = ro.collect(_script(tok, TEXTS), SEEDS, jax.random.key(4))
+    for b, traj in enumerate(batch.trajectories):
+        placed = batch.token_rewards[b]
+        for t in traj["turns"]:
+            k = t["turn"]
+            last = np.flatnonzero(batch.loss_mask[b] & (batch.turn_ids[b] == k))[-1]
+            assert placed[last] == pytest.approx(t["reward"] + t["penalty"], abs=1e-6)
+        assert placed.sum() == pytest.approx(batch.scores[b], abs=1e-5)
+
+
+def test_max_model_len_ends_episodes_without_crashing(sokoban, tok, caplog):
+    first = _script(tok, TEXTS)
+    _rollout(sokoban, tok, max_turn=1).collect(first, SEEDS, jax.random.key(5))
+    n_first = max(len(p) for p in first.calls[0])
+    ro = _rollout(sokoban, tok, max_model_len=n_first + 32 + 40)
+    policy = _script(tok, TEXTS)
+    batch = ro.collect(policy, SEEDS, jax.random.key(5))
+    assert batch.metrics["rollout/length_truncated"] == 4
+    assert all(t["length_truncated"] and t["truncated"] for t in batch.trajectories)
+    assert (batch.num_turns == 1).all() and len(policy.calls) == 1
+    assert "max_model_len" in caplog.text
+    # Not even the first prompt fits: empty trajectories, still no crash.
+    tiny = _rollout(sokoban, tok, max_model_len=50).collect(_script(tok, TEXTS), SEEDS,
+                                                           jax.random.key(5))
+    assert not tiny.attention_mask.any() and (tiny.num_turns == 0).all()
+    assert tiny.metrics["rollout/length_truncated"] == 4
+
+
+def test_random_tokens_never_crash(sokoban, tok):
+    rng = np.random.default_rng(0)
+    streams = {(r, c): rng.integers(0, len(tok), size=rng.integers(0, 40)).tolist()
+               for r in range(4) for c in range(5)}
+    streams[(0, 0)] = [tok.convert_tokens_to_ids("<|im_start|>")] + streams[(0, 0)]
+    policy = ScriptedPolicy(lambda r, c, _: streams[(r, c)])
+    batch = _rollout(sokoban, tok).collect(policy, SEEDS, jax.random.key(6))
+    assert batch.trajectories[0]["turns"][0]["format_error"]
+    assert np.isfinite(batch.scores).all()
+
+
+def test_groups_share_initial_states_and_seeds(sokoban, tok):
+    cfg = dataclasses.replace(CFG, max_turn=1)
+    s0, s1 = train_seeds(cfg, 0), train_seeds(cfg, 1)
+    np.testing.assert_array_equal(s0, [10000, 10001])
+    np.testing.assert_array_equal(s1, [10002, 10003])
+    np.testing.assert_array_equal(val_seeds(cfg), val_seeds(cfg))
+    assert val_seeds(cfg)[0] == 123
+    ro = _rollout(sokoban, tok, max_turn=1)
+    a = ro.collect(_script(tok, TEXTS), s0, jax.random.key(7))
+    b = ro.collect(_script(tok, TEXTS), s1, jax.random.key(7))
+    c = collect(_script(tok, TEXTS), *sokoban, tok, s0, jax.random.key(8), cfg)  # one-shot API
+    state = lambda batch, i: batch.trajectories[i]["turns"][0]["state"]  # noqa: E731
+    assert state(a, 0) == state(a, 1) and state(a, 2) == state(a, 3)
+    assert state(a, 0) != state(a, 2)
+    assert {state(a, i) for i in range(4)} != {state(b, i) for i in range(4)}
+    assert [state(a, i) for i in range(4)] == [state(c, i) for i in range(4)]
+    np.testing.assert_array_equal(a.seeds, [10000, 10000, 10001, 10001])
+
+
+# ---------------------------------------------------------------------------------- tiny model
+
+TINY = QwenConfig.tiny(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                       tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    m = Qwen2ForCausalLM(TINY, rngs=nnx.Rngs(0))
+    head = m.lm_head.weight
+    head[...] = head[...] * 10.0  # sharper logits: fewer near-ties in the greedy comparison
+    return m
+
+
+@jax.jit
+def _full_logprobs(graphdef, state, tokens, mask):
+    logits = nnx.merge(graphdef, state)(tokens, positions_from_mask(mask), mask)[0]
+    lp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    return jnp.take_along_axis(lp, tokens[:, 1:, None], axis=-1)[..., 0]  # token j at j-1
+
+
+def test_logprobs_match_a_full_forward(sokoban, tok, tiny_model):
+    """Stored sampling log-probs == one fresh forward over the batch (proves cache reuse)."""
+    ro = _rollout(sokoban, tok, max_turn=3, response_length=12)
+    sampler = Sampler(tiny_model, pad_id=tok.pad_token_id)
+    batch = ro.collect(sampler, SEEDS, jax.random.key(9))
+    assert (batch.num_turns == 3).all()  # random text: format errors, no env step, 3 turns
+    full = np.asarray(_full_logprobs(*nnx.split(tiny_model), jnp.asarray(batch.input_ids),
+                                     jnp.asarray(batch.attention_mask)))
+    loss = batch.loss_mask[:, 1:]
+    assert loss.sum() > 30
+    np.testing.assert_allclose(batch.logprobs[:, 1:][loss], full[loss], atol=1e-4)
+    np.testing.assert_allclose(batch.model_logprobs[:, 1:][loss], full[loss], atol=1e-4)
+    assert not batch.loss_mask[:, 0].any()
+    # Greedy with the cache and greedy re-encoding the history sample the same tokens.
+    greedy = ro.config.sampling(temperature=0.0)
+    kept = ro.collect(sampler, SEEDS, jax.random.key(9), sampling=greedy)
+    redo = ro.collect(sampler, SEEDS, jax.random.key(9), sampling=greedy, reuse_cache=False)
+    np.testing.assert_array_equal(kept.input_ids, redo.input_ids)
+    np.testing.assert_allclose(kept.logprobs, redo.logprobs, atol=1e-4)
+
+
+def test_bandit_state_dependent_action_names(tok):
+    """Bandit arm names come from each state (``action_names_for``); answering with the name
+    shown in the prompt pulls that arm and ends the episode."""
+    env, params = make("bandit")
+    ro = AgentRollout(env, params, tok, dataclasses.replace(CFG, max_turn=2))
+
+    def script(row, call, prompt):
+        text = tok.decode(prompt)
+        names = text.split("Your available actions are:\n")[1].split("\n")[0].split(", ")
+        pick = names[row % 2]
+        return tok(f"a</think><answer>{pick.upper()}</answer>",
+                   add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+
+    batch = ro.collect(ScriptedPolicy(script), SEEDS, jax.random.key(10))
+    for traj in batch.trajectories:
+        assert len(traj["turns"]) == 1 and traj["terminated"]
+        t = traj["turns"][0]
+        assert not t["format_error"] and len(t["executed"]) == 1
+        assert t["executed"][0].upper() == t["actions"][0]
+    assert batch.metrics["Bandit/num_actions"] == 1.0
+    # Same group, same names and order; the two rows of a group pulled different arms.
+    t = [tr["turns"][0] for tr in batch.trajectories]
+    assert t[0]["state"] == t[1]["state"] and t[0]["executed"] != t[1]["executed"]
+    assert batch.success[0] != batch.success[1]
+
+
+def test_frozenlake_hole_terminates_without_success(tok):
+    """``success`` needs the env's success, not only termination: stepping into a hole ends
+    the episode (terminated) as a failure; stepping onto the goal is a success."""
+    env, params = make("frozenlake", is_slippery=False)
+    ro = AgentRollout(env, params, tok, dataclasses.replace(CFG, max_turn=1))
+    moves = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
+    target = {}
+
+    def script(row, call, prompt):
+        grid = tok.decode(prompt).split("State:\n")[1].split("\nYou have")[0].split("\n")
+        r, c = next((i, line.index("P")) for i, line in enumerate(grid) if "P" in line)
+        around = {}
+        for name, (dr, dc) in moves.items():
+            if 0 <= r + dr < len(grid) and 0 <= c + dc < len(grid[0]):
+                around.setdefault(grid[r + dr][c + dc], name)
+        cell = next((x for x in ("G", "O", "_") if x in around), None)
+        target[row] = cell
+        return tok(f"a</think><answer>{around[cell]}</answer>",
+                   add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+
+    batch = ro.collect(ScriptedPolicy(script), np.arange(32), jax.random.key(11), group_size=1)
+    assert "O" in target.values()
+    for row, cell in target.items():
+        traj = batch.trajectories[row]
+        assert traj["terminated"] == (cell in "GO") and not traj["truncated"]
+        assert batch.success[row] == (cell == "G")
+        assert batch.episodic_return[row] == (1.0 if cell == "G" else 0.0)

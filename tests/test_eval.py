@@ -1,0 +1,45 @@
+"""``python -m ragen_jax.eval`` on the tiny random model: files, metrics, escaping."""
+
+import json
+
+from ragen_jax import eval as ev
+
+
+def test_eval_writes_metrics_trajectories_and_viewer(tmp_path, capsys):
+    out = tmp_path / "eval"
+    summary = ev.main(["--groups", "2", "--group-size", "2", "--max-turn", "2",
+                       "--response-length", "16", "--tiny-hidden", "64", "--tiny-layers", "2",
+                       "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert "Sokoban/success" in printed and "tiny random model" in printed
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["episodes"] == 4 and metrics["settings"]["temperature"] == 0.5
+    for key in ("success", "num_actions", "action_is_effective", "action_is_valid",
+                "format_error_rate", "pass@2", "response_length", "episodic_return"):
+        assert f"Sokoban/{key}" in metrics["metrics"], key
+    assert metrics["metrics"] == summary["metrics"]
+    lines = (out / "trajectories.jsonl").read_text().splitlines()
+    assert len(lines) == 4
+    trajs = [json.loads(x) for x in lines]
+    assert [t["seed"] for t in trajs] == [123, 123, 124, 124]
+    for t in trajs:
+        roles = [m["role"] for m in t["messages"]]
+        assert roles[:3] == ["system", "user", "assistant"] and len(t["turns"]) <= 2
+        assert {"success", "score", "turns", "final_state"} <= set(t)
+        assert all({"actions", "reward", "penalty", "state"} <= set(turn) for turn in t["turns"])
+    page = (out / "viewer.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and page.count("<details>") == 4
+    # The random model's text appears escaped: no raw tag from model text survives.
+    assert "<think>" not in page and "<answer>" not in page
+
+
+def test_viewer_escapes_model_text():
+    evil = "<script>alert(1)</script><img src=x onerror=alert(2)>"
+    traj = {"env_id": 0, "group_id": 0, "seed": 1, "success": False, "score": -0.1,
+            "num_actions": 0, "final_state": "#P#",
+            "turns": [{"turn": 1, "state": "#P#", "think": evil, "response": evil,
+                       "actions": [evil], "executed": [], "reward": 0.0, "penalty": -0.1,
+                       "format_error": "tags"}]}
+    page = ev.render_html([traj], {"model": evil, "env": "x", "metrics": {evil: 1.0}})
+    assert "<script" not in page and "<img" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
