@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ragen_jax.envs import make
-from ragen_jax.models import Qwen2ForCausalLM, QwenConfig, from_pretrained
+from ragen_jax.models import CheckpointError, Qwen2ForCausalLM, QwenConfig, from_pretrained
 from ragen_jax.models import tokenizer as tokenizers
 from ragen_jax.rollout.agent import AgentRollout, RolloutBatch, RolloutConfig, val_seeds
 from ragen_jax.rollout.context import ContextConfig
@@ -181,7 +181,10 @@ def format_table(summary: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
-    _, summary = run(args)
+    try:
+        _, summary = run(args)
+    except (CheckpointError, FileNotFoundError, ValueError) as e:  # bad folder, config or flag
+        raise SystemExit(f"ragen_jax.eval: {e}") from None
     print(format_table(summary))
     print(f"wrote {Path(args.out) / 'metrics.json'}, trajectories.jsonl, viewer.html")
     return summary

@@ -43,3 +43,13 @@ def test_viewer_escapes_model_text():
     page = ev.render_html([traj], {"model": evil, "env": "x", "metrics": {evil: 1.0}})
     assert "<script" not in page and "<img" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
+def test_bad_model_folder_is_one_line_error(tmp_path):
+    import pytest
+
+    from ragen_jax import eval as ragen_eval
+
+    with pytest.raises(SystemExit) as exc:
+        ragen_eval.main(["--model", str(tmp_path / "missing"), "--out", str(tmp_path / "out")])
+    assert "model folder not found" in str(exc.value) and "\n" not in str(exc.value)
