@@ -11,10 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-
-def masked_mean(x: jax.Array, mask: jax.Array, axis=None) -> jax.Array:
-    mask = mask.astype(x.dtype)
-    return jnp.sum(x * mask, axis=axis) / jnp.maximum(jnp.sum(mask, axis=axis), 1.0)
+from ragen_jax.starpo.losses import masked_mean
 
 
 def masked_whiten(x: jax.Array, mask: jax.Array, eps: float = 1e-8) -> jax.Array:

@@ -22,6 +22,7 @@ from ragen_jax.rollout.agent import (
     val_seeds,
 )
 from ragen_jax.rollout.context import format_reward
+from ragen_jax.starpo.update import token_logprobs
 
 CFG = RolloutConfig(env_groups=2, group_size=2, response_length=32)
 SEEDS = np.array([3, 4])
@@ -261,9 +262,9 @@ def tiny_model():
 
 @jax.jit
 def _full_logprobs(graphdef, state, tokens, mask):
-    logits = nnx.merge(graphdef, state)(tokens, positions_from_mask(mask), mask)[0]
-    lp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
-    return jnp.take_along_axis(lp, tokens[:, 1:, None], axis=-1)[..., 0]  # token j at j-1
+    """The trainer's recomputation (``starpo.update.token_logprobs``), token j at slot j."""
+    logp, _ = token_logprobs(nnx.merge(graphdef, state), tokens, mask, positions_from_mask(mask))
+    return logp[:, 1:]
 
 
 def test_logprobs_match_a_full_forward(sokoban, tok, tiny_model):
