@@ -27,15 +27,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-SHAPES = {  # Hugging Face Qwen2.5-*-Instruct config.json values
-    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2, head_dim=64, vocab_size=151936, tie_word_embeddings=True),
+SHAPES = {  # Hugging Face Qwen2.5-*-Instruct config.json values (0.5B: QwenConfig's preset)
     "3b": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
                num_key_value_heads=2, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
     "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                num_key_value_heads=4, head_dim=128, vocab_size=152064, tie_word_embeddings=False),
 }
 GiB = 2**30
+
+
+def model_config(name: str, **kw):
+    """The QwenConfig of a benchmark model: ``tiny``, ``0.5b``, ``3b`` or ``7b`` shapes."""
+    from ragen_jax.models import QwenConfig
+
+    if name == "tiny":
+        return QwenConfig.tiny(**kw)
+    if name == "0.5b":
+        return QwenConfig.qwen2_5_0_5b(**kw)
+    return QwenConfig.tiny(**SHAPES[name], rope_theta=1e6, **kw)
 
 
 def _batch(batch: int, length: int, vocab: int, sharding=None):
@@ -64,7 +73,7 @@ def run_throughput(quick: bool) -> list[str]:
     import jax
     from flax import nnx
 
-    from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
+    from ragen_jax.models import Qwen2ForCausalLM
     from ragen_jax.starpo.update import UpdateConfig, make_optimizer, make_train_step
 
     grid = {"tiny": [(8, 256), (32, 256), (8, 1024)], "0.5b": [(1, 256), (2, 256)]}
@@ -73,7 +82,7 @@ def run_throughput(quick: bool) -> list[str]:
     rows = ["| model | batch x length | tokens/s | step s | compile s | XLA temp GiB | args GiB |",
             "|---|---|---|---|---|---|---|"]
     for name, cells in grid.items():
-        cfg = QwenConfig.tiny() if name == "tiny" else QwenConfig.tiny(**SHAPES[name], rope_theta=1e6)
+        cfg = model_config(name)
         model = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))
         ucfg = UpdateConfig(lr=1e-6)
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -106,14 +115,14 @@ import jax.numpy as jnp
 from flax import nnx
 sys.path.insert(0, ROOT)
 sys.path.insert(0, ROOT + "/experiments")
-from bench_update import SHAPES, _batch
-from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
+from bench_update import _batch, model_config
+from ragen_jax.models import Qwen2ForCausalLM
 from ragen_jax.models.qwen import param_shardings
 from ragen_jax.sharding import batch_sharding, make_mesh
 from ragen_jax.starpo.update import UpdateConfig, make_optimizer, make_train_step
 
 for name, mesh_shape, batch, length in CASES:
-    cfg = QwenConfig.tiny(**SHAPES[name], rope_theta=1e6, param_dtype=jnp.bfloat16, dtype=jnp.bfloat16)
+    cfg = model_config(name, param_dtype=jnp.bfloat16, dtype=jnp.bfloat16)
     mesh = make_mesh(mesh_shape, jax.devices()[: mesh_shape[0] * mesh_shape[1] * mesh_shape[2]])
     abstract = nnx.eval_shape(lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)))
     abstract.model.activation_sharding = batch_sharding(mesh)  # as shard_model sets it

@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Any, Generic, TypeVar
 
 import jax
-import numpy as np
 from gymnax.environments import environment
 
 TState = TypeVar("TState")
@@ -48,12 +47,3 @@ class TextEnv(environment.Environment[TState, TParams], Generic[TState, TParams]
         """The text the agent reads for one unbatched state (host side)."""
         raise NotImplementedError(f"{self.name} must implement render_text")
 
-
-def host_state(state: Any) -> Any:
-    """Copies a (device) state pytree to numpy for host-side rendering."""
-    return jax.tree.map(np.asarray, state)
-
-
-def unbatch(state: Any, index: int) -> Any:
-    """Picks element ``index`` of a batched state, as numpy."""
-    return jax.tree.map(lambda x: np.asarray(x[index]), state)

@@ -141,16 +141,23 @@ def token_values(critic: Qwen2ForValue, input_ids: jax.Array, attention_mask: ja
     return jnp.concatenate([jnp.zeros((values.shape[0], 1), values.dtype), values[:, :-1]], 1)
 
 
+def _micro_result(num_den: tuple[jax.Array, jax.Array], metrics: dict[str, jax.Array],
+                  mask: jax.Array) -> tuple[jax.Array, tuple[jax.Array, dict[str, jax.Array]]]:
+    """Packs a micro-batch's loss as ``(numerator, (denominator, metric sums))``, each metric
+    weighted by the masked token count so the step can average over micro-batches."""
+    num, den = num_den
+    tokens = jnp.sum(mask)
+    return num, (den, {k: v * tokens for k, v in metrics.items()} | {"tokens": tokens})
+
+
 def critic_objective(critic: Qwen2ForValue, batch: CriticBatch, config: UpdateConfig
                      ) -> tuple[jax.Array, tuple[jax.Array, dict[str, jax.Array]]]:
     """Clipped value loss, in the same ``(numerator, (denominator, metric sums))`` form."""
     values = token_values(critic, batch.input_ids, batch.attention_mask, batch.positions)
     mask = batch.loss_mask
     vf, metrics = losses.value_loss(values, batch.old_values, batch.returns, mask, config.value_clip)
-    num, den = losses.aggregate(vf, mask, config.loss_agg_mode)
-    tokens = jnp.sum(mask)
     metrics = {**metrics, "critic/vf_loss": losses.masked_mean(vf, mask)}
-    return num, (den, {k: v * tokens for k, v in metrics.items()} | {"tokens": tokens})
+    return _micro_result(losses.aggregate(vf, mask, config.loss_agg_mode), metrics, mask)
 
 
 def actor_objective(model: Qwen2ForCausalLM, batch: TrainBatch, config: UpdateConfig
@@ -164,15 +171,13 @@ def actor_objective(model: Qwen2ForCausalLM, batch: TrainBatch, config: UpdateCo
                                         config.clip_low, config.clip_high, config.clip_c)
     kl = losses.kl_penalty(logp, batch.ref_logp, config.kl_estimator)
     per_token = pg - config.entropy_coeff * entropy + config.kl_coef * kl
-    num, den = losses.aggregate(per_token, mask, config.loss_agg_mode)
-    tokens = jnp.sum(mask)
     metrics = {
         **pg_metrics,
         "actor/pg_loss": losses.masked_mean(pg, mask),
         "actor/entropy": losses.masked_mean(entropy, mask),
         "actor/kl_loss": losses.masked_mean(kl, mask),
     }
-    return num, (den, {k: v * tokens for k, v in metrics.items()} | {"tokens": tokens})
+    return _micro_result(losses.aggregate(per_token, mask, config.loss_agg_mode), metrics, mask)
 
 
 def make_train_step(graphdef: Any, config: UpdateConfig,
