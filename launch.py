@@ -1,73 +1,46 @@
-"""ragen_jax entry point.
+"""ragen_jax training entry point.
 
-Training (``python launch.py --config configs/sokoban.py``) arrives with the trainer; until
-then this runs the environment demo: it generates a level on device, plays one episode with a
-random policy (or, for Sokoban, the optimal BFS solver) and prints the text the agent would
-read at every step.
+    python launch.py                                         # Sokoban, tiny preset (CPU)
+    python launch.py --config configs/bandit.py              # another env
+    python launch.py --config configs/sokoban.py:qwen2.5-0.5b --config.model.path=/models/Qwen2.5-0.5B-Instruct
+    python launch.py --config configs/sokoban.py --config.algorithm.adv_estimator=gae --config.trainer.total_steps=50
 
-    python launch.py                      # Sokoban, solved by the BFS solver
-    python launch.py --env frozenlake --policy random --seed 3
+Any field of ``configs/base.py`` can be overridden with ``--config.<a>.<b>=value``; an
+unknown or ill-typed field is a one-line error naming it. The resolved config is printed and
+saved as ``<output_dir>/config.json``; rerunning the same command resumes from the last
+checkpoint there. The environment demo moved to ``python -m ragen_jax.envs.demo``.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
+from pathlib import Path
 
-import jax
-import numpy as np
-
-
-def demo(env_name: str, policy: str, seed: int, max_steps: int, observation_format: str | None) -> float:
-    from ragen_jax.envs import make
-
-    kwargs = {"observation_format": observation_format} if observation_format else {}
-    env, params = make(env_name, **kwargs)
-    key_reset, key_play = jax.random.split(jax.random.key(seed))
-    _, state = env.reset(key_reset, params)
-    step = jax.jit(env.step_env)
-    plan: list[int] | None = None
-    if policy == "solver":
-        if env_name != "sokoban":
-            raise SystemExit("--policy solver is only available for sokoban")
-        from ragen_jax.envs.sokoban_solver import solve
-
-        plan = solve(np.asarray(state.room_fixed), np.asarray(state.boxes), np.asarray(state.player))
-    print(f"{env_name} (seed {seed}), actions: {', '.join(env.action_names_for(state))}\n")
-    print(env.render_text(state), "\n")
-    total = 0.0
-    for t in range(max_steps):
-        key_play, key_act, key_step = jax.random.split(key_play, 3)
-        names = env.action_names_for(state)
-        action = plan[t] if plan is not None else int(jax.random.randint(key_act, (), 0, len(names)))
-        _, state, reward, terminated, info = step(key_step, state, action, params)
-        truncated = bool(env.is_truncated(state, params))
-        total += float(reward)
-        print(f"step {t + 1}: {names[action]}  reward {float(reward):+.2f}  "
-              f"effective {bool(info['action_is_effective'])}  success {bool(info['success'])}")
-        print(env.render_text(state), "\n")
-        if bool(terminated) or truncated or (plan is not None and t + 1 == len(plan)):
-            break
-    print(f"episode return {total:+.2f}")
-    return total
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))  # so config files can `from configs import base`
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="ragen_jax: environment demo (training arrives with the trainer).")
-    parser.add_argument("--env", default="sokoban", choices=["sokoban", "frozenlake", "bandit"])
-    parser.add_argument("--policy", default=None, choices=["random", "solver"],
-                        help="default: solver for sokoban, random otherwise")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-steps", type=int, default=20)
-    parser.add_argument("--observation-format", default=None,
-                        help="sokoban: grid | coord | grid_coord; frozenlake: grid | coord")
-    parser.add_argument("--config", default=None, help="training config (not available yet)")
-    args = parser.parse_args(argv)
-    if args.config:
-        sys.exit("launch.py: training (--config) is not implemented yet; run without --config for the env demo")
-    policy = args.policy or ("solver" if args.env == "sokoban" else "random")
-    demo(args.env, policy, args.seed, args.max_steps, args.observation_format)
+def main(argv: list[str]) -> None:
+    from ragen_jax.config import load_config
+
+    try:
+        config = load_config(argv[1:], prog="launch.py", default=str(ROOT / "configs/sokoban.py"))
+    except ValueError as e:
+        raise SystemExit(f"launch.py: {e}") from None
+    from ragen_jax import train
+
+    print(config, flush=True)
+    try:
+        summary = train.run(config)
+    except (train.ConfigError, FileNotFoundError) as e:
+        raise SystemExit(f"launch.py: {e}") from None
+    out = Path(summary["output_dir"])
+    print(f"\ndone at step {summary['step']}. Run folder: {out}/\n"
+          f"  metrics     {out}/metrics.jsonl  (TensorBoard: tensorboard --logdir {out}/tb)\n"
+          f"  checkpoints {out}/checkpoints/   (export: python -m ragen_jax.export --checkpoint {out} --out HF_DIR)\n"
+          f"  trajectories {out}/trajectories/ (validation episodes, JSONL + HTML viewer)\n"
+          f"  curves      python experiments/plot_run.py {out}")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv)

@@ -13,8 +13,8 @@ validation envs (seeds ``--val-seed + i``, the same every run) and writes, under
 
 and prints a short table. The policy is a Hugging Face Qwen2/Qwen2.5 folder (``--model``) or,
 without one, the tiny random preset with the built-in tokenizer (a smoke test; its answers are
-noise). Loading a *training checkpoint* (``--checkpoint``, DESIGN's CLI) is not implemented
-yet: checkpoints arrive with the trainer. Decoding is sampled at temperature 0.5 by default
+noise), or a training run's checkpoint (``--checkpoint RUN_DIR [--step N]``: its actor and
+tokenizer, and by default its env, env params and budgets). Decoding is sampled at temperature 0.5 by default
 (RAGEN's validation setting); ``--temperature 0`` is greedy.
 """
 
@@ -45,21 +45,24 @@ from ragen_jax.rollout.sampler import Sampler
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m ragen_jax.eval", description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="Hugging Face Qwen2 folder (default: tiny random)")
-    p.add_argument("--env", default="sokoban", help="registered env name")
+    p.add_argument("--checkpoint", default=None, help="training run folder (default: none)")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: last)")
+    p.add_argument("--env", default=None, help="registered env name (default: sokoban, or the run's)")
     p.add_argument("--env-param", action="append", default=[], metavar="K=V",
                    help="env parameter (repeatable), e.g. dim_room=(6,6) num_boxes=1")
     p.add_argument("--groups", type=int, default=64, help="validation groups")
     p.add_argument("--group-size", type=int, default=1)
     p.add_argument("--val-seed", type=int, default=123)
-    p.add_argument("--max-turn", type=int, default=5)
-    p.add_argument("--max-actions-per-traj", type=int, default=10)
-    p.add_argument("--max-actions-per-turn", type=int, default=2)
-    p.add_argument("--response-length", type=int, default=400)
-    p.add_argument("--max-model-len", type=int, default=3600)
+    p.add_argument("--max-turn", type=int, default=None, help="default 5 (or the run's)")
+    p.add_argument("--max-actions-per-traj", type=int, default=None, help="default 10 (or the run's)")
+    p.add_argument("--max-actions-per-turn", type=int, default=None, help="default 2 (or the run's)")
+    p.add_argument("--response-length", type=int, default=None, help="default 400 (or the run's)")
+    p.add_argument("--max-model-len", type=int, default=None, help="default 3600 (or the run's)")
     p.add_argument("--temperature", type=float, default=0.5, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--no-think", action="store_true", help="answer-only format")
+    p.add_argument("--no-think", action="store_true", default=None,
+                   help="answer-only format (default: think, or the run's)")
     p.add_argument("--seed", type=int, default=0, help="sampling / env-noise seed")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--tiny-hidden", type=int, default=None,
@@ -68,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="random tiny model: layers (default: the tiny preset's)")
     p.add_argument("--out", default="results/eval", help="output folder")
     return p
+
+
+_ROLLOUT_DEFAULTS = dict(max_turn=5, max_actions_per_traj=10, max_actions_per_turn=2,
+                         response_length=400, max_model_len=3600, no_think=False)
 
 
 def _env_value(text: str) -> Any:
@@ -80,6 +87,11 @@ def _env_value(text: str) -> Any:
 def load_policy(args: argparse.Namespace) -> tuple[Qwen2ForCausalLM, Any, str]:
     """``(model, tokenizer, description)`` from ``--model`` or the tiny random preset."""
     dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
+    if args.checkpoint:
+        from ragen_jax.export import load_checkpoint
+
+        actor, tok, _, step = load_checkpoint(args.checkpoint, args.step)
+        return actor, tok, f"{args.checkpoint} (step {step})"
     if args.model:
         return (from_pretrained(args.model, dtype=dtype), tokenizers.load(args.model),
                 str(args.model))
@@ -98,8 +110,25 @@ def load_policy(args: argparse.Namespace) -> tuple[Qwen2ForCausalLM, Any, str]:
 
 def run(args: argparse.Namespace) -> tuple[RolloutBatch, dict[str, Any]]:
     """Runs the evaluation rollout and writes the three files; returns (batch, summary)."""
-    env_kw = dict(kv.split("=", 1) for kv in args.env_param)
-    env, env_params = make(args.env, **{k: _env_value(v) for k, v in env_kw.items()})
+    env_kw = {k: _env_value(v) for k, v in (kv.split("=", 1) for kv in args.env_param)}
+    if args.checkpoint:  # the run's env, budgets and format unless given here
+        from ragen_jax.export import load_run_config
+
+        run = load_run_config(args.checkpoint)
+        if args.env is None:
+            args.env = run.env.name
+            env_kw = {**dict(run.env.params), **env_kw}
+        for name in ("max_turn", "max_actions_per_traj", "max_actions_per_turn", "response_length",
+                     "max_model_len"):
+            if getattr(args, name) is None:
+                setattr(args, name, run.rollout[name])
+        if args.no_think is None:
+            args.no_think = not run.rollout.enable_think
+    args.env = args.env or "sokoban"
+    env, env_params = make(args.env, **env_kw)
+    for name, default in _ROLLOUT_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     model, tok, model_name = load_policy(args)
     cfg = RolloutConfig(
         env_groups=args.groups, group_size=args.group_size, val_groups=args.groups,

@@ -558,7 +558,8 @@ class Qwen2ForValue(nnx.Module):
     @classmethod
     def from_actor(cls, actor: Qwen2ForCausalLM, seed: int = 0) -> Qwen2ForValue:
         critic = cls(actor.config, rngs=nnx.Rngs(seed))
-        nnx.update(critic.model, nnx.state(actor.model))
+        base = nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))  # an adapted actor: its base weights
+        nnx.update(critic.model, nnx.state(actor.model, base))
         return critic
 
     def __call__(self, tokens: jax.Array, positions: jax.Array,

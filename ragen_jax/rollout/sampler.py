@@ -2,7 +2,8 @@
 
 Per call (one turn):
 
-1. The host left-pads the prompt chunk to a power-of-two bucket (bounding recompiles).
+1. The host left-pads the prompt chunk to a power-of-two bucket (bounding recompiles), or
+   to a multiple of ``bucket_multiple`` (less padding to prefill, a few more shapes).
 2. On device, in one jitted function whose KV cache argument is donated: prefill the chunk into
    the cache (continuing an existing cache for later turns), then decode token by token in a
    ``lax.while_loop`` until every sequence has hit a stop token or its token budget, or the
@@ -85,14 +86,17 @@ class SampleOutput:
         return tokens, mask
 
 
-def bucket_length(n: int, minimum: int = 16) -> int:
-    """The smallest power of two >= max(n, minimum)."""
+def bucket_length(n: int, minimum: int = 16, multiple: int | None = None) -> int:
+    """The smallest power of two >= max(n, minimum), or with ``multiple`` the smallest
+    multiple of it (fewer padded tokens, more distinct shapes)."""
     n = max(int(n), minimum, 1)
+    if multiple:
+        return -(-n // multiple) * multiple
     return 1 << (n - 1).bit_length()
 
 
 def pad_prompts(prompts, mask=None, *, bucket: int | None = None, pad_id: int = 0,
-                min_bucket: int = 16):
+                min_bucket: int = 16, multiple: int | None = None):
     """Host-side: left-pads prompts into ``[B, bucket]`` numpy arrays (tokens, mask).
 
     ``prompts`` is a list of token lists, or a ``[B, T]`` array with an optional ``mask``
@@ -105,7 +109,7 @@ def pad_prompts(prompts, mask=None, *, bucket: int | None = None, pad_id: int = 
     else:
         rows = [list(map(int, p)) for p in prompts]
     longest = max(len(r) for r in rows)
-    size = bucket if bucket is not None else bucket_length(longest, min_bucket)
+    size = bucket if bucket is not None else bucket_length(longest, min_bucket, multiple)
     if longest > size:
         raise ValueError(f"prompt of {longest} tokens does not fit bucket {size}")
     tokens = np.full((len(rows), size), pad_id, np.int32)
@@ -207,11 +211,13 @@ class Sampler:
     training step to sample from new weights without recompiling.
     """
 
-    def __init__(self, model: Qwen2ForCausalLM, *, pad_id: int = 0, min_bucket: int = 16):
+    def __init__(self, model: Qwen2ForCausalLM, *, pad_id: int = 0, min_bucket: int = 16,
+                 bucket_multiple: int | None = None):
         self.graphdef, self.state = nnx.split(model)
         self.config = model.config
         self.pad_id = int(pad_id)
         self.min_bucket = int(min_bucket)
+        self.bucket_multiple = bucket_multiple
 
     def update(self, model: Qwen2ForCausalLM) -> None:
         """Uses ``model``'s current parameters from now on."""
@@ -245,7 +251,7 @@ class Sampler:
           bucket: force the prompt bucket length (default: power of two >= longest prompt).
         """
         tokens, valid = pad_prompts(prompts, mask, bucket=bucket, pad_id=self.pad_id,
-                                    min_bucket=self.min_bucket)
+                                    min_bucket=self.min_bucket, multiple=self.bucket_multiple)
         b, p = tokens.shape
         n = params.max_new_tokens
         if cache is None:

@@ -169,14 +169,16 @@ def actor_objective(model: Qwen2ForCausalLM, batch: TrainBatch, config: UpdateCo
     mask = batch.loss_mask
     pg, pg_metrics = losses.policy_loss(logp, batch.old_logp, batch.advantages, mask,
                                         config.clip_low, config.clip_high, config.clip_c)
-    kl = losses.kl_penalty(logp, batch.ref_logp, config.kl_estimator)
-    per_token = pg - config.entropy_coeff * entropy + config.kl_coef * kl
+    per_token = pg - config.entropy_coeff * entropy
     metrics = {
         **pg_metrics,
         "actor/pg_loss": losses.masked_mean(pg, mask),
         "actor/entropy": losses.masked_mean(entropy, mask),
-        "actor/kl_loss": losses.masked_mean(kl, mask),
     }
+    if config.kl_coef:  # without a reference policy ``ref_logp`` is zeros: no KL to report
+        kl = losses.kl_penalty(logp, batch.ref_logp, config.kl_estimator)
+        per_token = per_token + config.kl_coef * kl
+        metrics["actor/kl_loss"] = losses.masked_mean(kl, mask)
     return _micro_result(losses.aggregate(per_token, mask, config.loss_agg_mode), metrics, mask)
 
 

@@ -1,0 +1,1 @@
+"""ml_collections config files: ``base.py`` holds every default, one file per env overrides."""

@@ -1,0 +1,16 @@
+"""FrozenLake (RAGEN's: 4x4, frozen-tile probability 0.9, slippery: the move succeeds w.p. 0.8).
+
+``python launch.py --config configs/frozenlake.py[:preset]``.
+"""
+
+from configs import base
+
+
+def get_config(preset: str = "tiny"):
+    c = base.get_config(preset)
+    c.env.name = "frozenlake"
+    c.env.params = dict(size=4, p=0.9, is_slippery=True, success_rate=0.8, max_steps=100)
+    if preset == "tiny":  # multi-turn trajectories: shorter warm-start batches (see sokoban.py)
+        c.warmstart.steps = 60
+        c.warmstart.batch_size = 8
+    return c

@@ -1,0 +1,111 @@
+"""Loading a run config: ``--config path[:preset]`` plus ``--config.a.b=value`` overrides.
+
+The config file is a Python module with ``get_config(preset)`` returning an ml_collections
+``ConfigDict`` (ml_collections' config-file convention). The config is locked before
+overrides, so a misspelt field is an error, and ``ConfigDict``'s type checks reject an
+ill-typed value; values are parsed as Python literals (``1e-5``, ``(8, 8)``, ``False``) or
+taken as strings. ``env.params`` and ``env.val_extra`` accept new keys (the env names the
+unknown ones). Every failure is one ``ValueError`` line naming the flag or field.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ml_collections import ConfigDict
+
+OPEN_FIELDS = ("env.params", "env.val_extra")
+
+
+def load_file(spec: str) -> ConfigDict:
+    """``path[:preset]`` -> the file's ``get_config(preset)`` (no preset: its default)."""
+    path, _, preset = spec.partition(":")
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"--config: no such config file: {path}")
+    root = str(file.resolve().parent.parent)
+    if root not in sys.path:  # config files import their base as `configs.base`
+        sys.path.insert(0, root)
+    module_spec = importlib.util.spec_from_file_location(f"_ragen_config_{file.stem}", file)
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+        config = module.get_config(preset) if preset else module.get_config()
+    except ValueError as e:
+        raise ValueError(f"--config {spec}: {e}") from None
+    except Exception as e:  # a broken config file: say which and why, in one line
+        raise ValueError(f"--config {spec}: {type(e).__name__}: {e}") from None
+    if not isinstance(config, ConfigDict):
+        raise ValueError(f"--config {spec}: get_config must return an ml_collections.ConfigDict")
+    return config
+
+
+def parse_value(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def override(config: ConfigDict, field: str, text: str) -> None:
+    """Sets ``config.<field>`` from ``text`` (locked: unknown fields and wrong types fail)."""
+    *parents, leaf = field.split(".")
+    node = config
+    for i, name in enumerate(parents):
+        if not isinstance(node, ConfigDict) or name not in node:
+            raise ValueError(f"--config.{field}: unknown field {'.'.join(parents[:i + 1])}")
+        node = node[name]
+    if not isinstance(node, ConfigDict):
+        raise ValueError(f"--config.{field}: {'.'.join(parents)} is not a group of fields")
+    value = parse_value(text)
+    is_open = any(field.startswith(p + ".") for p in OPEN_FIELDS)
+    if leaf not in node and not is_open:
+        raise ValueError(f"--config.{field}: unknown field (see configs/base.py)")
+    if isinstance(value, dict):
+        value = ConfigDict(value)
+    try:
+        if is_open:
+            with node.unlocked():
+                node[leaf] = value
+        else:
+            node[leaf] = value
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise ValueError(f"--config.{field}={text}: {str(e).splitlines()[0]}") from None
+
+
+def load_config(args: Sequence[str], *, prog: str = "ragen_jax", default: str | None = None
+                ) -> ConfigDict:
+    """The config named by ``args`` (command-line words after the program name)."""
+    spec, overrides = default, []
+    args = list(args)
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--config":
+            if i + 1 >= len(args):
+                raise ValueError("--config needs a value: configs/<env>.py[:preset]")
+            spec, i = args[i + 1], i + 2
+            continue
+        if a.startswith("--config="):
+            spec = a.split("=", 1)[1]
+        elif a.startswith("--config."):
+            if "=" not in a:
+                raise ValueError(f"{a}: overrides are written --config.<field>=value")
+            field, text = a[len("--config."):].split("=", 1)
+            overrides.append((field, text))
+        else:
+            raise ValueError(f"{prog}: unexpected argument {a!r} (only --config and "
+                             f"--config.<field>=value)")
+        i += 1
+    if spec is None:
+        raise ValueError("--config is required, e.g. --config configs/sokoban.py")
+    config = load_file(spec)
+    config.lock()
+    for field, text in overrides:
+        override(config, field, text)
+    return config

@@ -1,0 +1,150 @@
+"""Supervised stages before RL: a format-only warm-start and SFT on chat trajectories.
+
+* ``warmstart_data``: plays the env with answers built from *random valid actions* (never
+  from a solver), through the same multi-turn rollout and chat format as RL, so the policy
+  learns only the answer format (``<answer>Up || Left</answer>`` and the end-of-turn token),
+  not the task. The tiny preset needs this: a random-init model cannot emit a parsable answer.
+* ``conversation_data``: a JSONL of chat trajectories (``{"messages": [{"role", "content"},
+  ...]}``, system first; the ``trajectories.jsonl`` our evaluation writes qualifies), tokenised
+  with the model's chat template; the loss covers assistant contents and their end-of-turn.
+* ``train_sft``: token-level cross-entropy on the masked tokens, AdamW, jitted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from ragen_jax.rollout.agent import AgentRollout, RolloutConfig, ScriptedPolicy
+from ragen_jax.rollout.context import ChatFormat
+from ragen_jax.starpo.update import token_logprobs
+
+
+def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutConfig,
+                   episodes: int, seed: int) -> dict[str, np.ndarray]:
+    """Token arrays (``input_ids``, ``attention_mask``, ``position_ids``, ``loss_mask``) of
+    ``episodes`` single-env groups answered with random valid actions."""
+    rng = np.random.default_rng(seed)
+    rollout = AgentRollout(env, env_params, tokenizer, config)
+    chat, ctx = rollout.chat, config.context
+    group_seeds = 2**30 + seed * 100_003 + np.arange(episodes)  # far from train/val seeds
+    keys = jax.vmap(jax.random.key)(jnp.asarray(group_seeds, jnp.uint32))
+    _, states = rollout._reset(keys, env_params)
+    host = jax.device_get(states)
+    names = [tuple(env.action_names_for(jax.tree.map(lambda x, i=i: x[i], host)))
+             for i in range(episodes)]
+    think = "</think>" if ctx.enable_think else ""
+    open_answer = "<answer>" if ctx.enable_think or not ctx.prefill_tag else ""
+    if not ctx.prefill_tag and ctx.enable_think:
+        think = "<think></think>"
+
+    def script(row: int, _call: int, _prompt: list[int]) -> list[int]:
+        k = int(rng.integers(1, ctx.max_actions_per_turn + 1))
+        acts = [names[row][int(a)] for a in rng.integers(0, len(names[row]), size=k)]
+        text = f"{think}{open_answer}{f' {ctx.action_sep} '.join(acts)}</answer>"
+        return tokenizer(text, add_special_tokens=False)["input_ids"] + [chat.eot_id]
+
+    policy = ScriptedPolicy(script, pad_id=chat.pad_id)
+    batch = rollout.collect(policy, group_seeds, jax.random.key(seed), group_size=1)
+    if batch.metrics[f"{rollout.tag}/format_error_rate"] > 0:
+        raise AssertionError("warm-start answers do not parse; the chat format changed?")
+    return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+            "position_ids": batch.position_ids, "loss_mask": batch.loss_mask}
+
+
+def conversation_data(path: str | os.PathLike, tokenizer: Any, *, max_len: int,
+                      pad_multiple: int = 64) -> dict[str, np.ndarray]:
+    """Token arrays from a JSONL of ``{"messages": [...]}`` conversations (see module doc).
+    Conversations longer than ``max_len`` tokens are cut there."""
+    chat = ChatFormat(tokenizer, _plain_context())
+    rows, masks = [], []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            messages = json.loads(line)["messages"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"sft.data: {path} line {n}: not a {{'messages': [...]}} object ({e})") from None
+        roles = [m.get("role") for m in messages]
+        if len(roles) < 3 or roles[0] != "system" or any(
+                r != ("user" if i % 2 else "assistant") for i, r in enumerate(roles[1:], 1)):
+            raise ValueError(f"sft.data: {path} line {n}: roles must be system, user, assistant, "
+                             f"user, ... (got {roles})")
+        pieces = [(chat.prefix + messages[0]["content"] + chat.system_to_user, False)]
+        for i, m in enumerate(messages[1:], 1):
+            if m["role"] == "user":
+                glue = "" if i == 1 else chat.assistant_to_user
+                pieces.append((glue + m["content"] + chat.user_to_assistant, False))
+            else:
+                pieces.append((m["content"] + chat.eot_text, True))
+        ids, mask = [], []
+        for text, trained in pieces:
+            t = tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids += t
+            mask += [trained] * len(t)
+        rows.append(ids[:max_len])
+        masks.append(mask[:max_len])
+    if not rows:
+        raise ValueError(f"sft.data: {path} holds no conversation")
+    width = -(-max(len(r) for r in rows) // pad_multiple) * pad_multiple
+    out = {"input_ids": np.full((len(rows), width), chat.pad_id, np.int32),
+           "attention_mask": np.zeros((len(rows), width), bool),
+           "loss_mask": np.zeros((len(rows), width), bool)}
+    for b, (r, m) in enumerate(zip(rows, masks, strict=True)):
+        out["input_ids"][b, :len(r)] = r
+        out["attention_mask"][b, :len(r)] = True
+        out["loss_mask"][b, :len(r)] = m
+    out["position_ids"] = np.maximum(np.cumsum(out["attention_mask"], 1) - 1, 0).astype(np.int32)
+    return out
+
+
+def _plain_context():
+    from ragen_jax.rollout.context import ContextConfig
+
+    return ContextConfig(prefill_tag=False)
+
+
+def sft_loss(model: Any, batch: dict[str, jax.Array]) -> jax.Array:
+    """Mean negative log-likelihood of the ``loss_mask`` tokens."""
+    logp, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["position_ids"])
+    mask = batch["loss_mask"].astype(jnp.float32)
+    return -jnp.sum(logp * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def train_sft(model: Any, data: dict[str, np.ndarray], *, steps: int, batch_size: int, lr: float,
+              seed: int, trainable: Any = nnx.Param, log: Any = None) -> list[float]:
+    """``steps`` AdamW steps on random mini-batches of ``data``; updates ``model`` in place
+    and returns the loss per step. ``trainable`` is the NNX filter of trained variables
+    (``nnx.LoRAParam`` with adapters)."""
+    graphdef, params, rest = nnx.split(model, trainable, ...)
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(lr, weight_decay=0.0))
+    opt_state = optimizer.init(params)
+
+    @jax.jit
+    def step(params, opt_state, batch):
+        loss, grads = jax.value_and_grad(lambda p: sft_loss(nnx.merge(graphdef, p, rest), batch))(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    rng = np.random.default_rng(seed)
+    n = data["input_ids"].shape[0]
+    # Trim the common padding so the step compiles for the data's real width only.
+    width = int(data["attention_mask"].any(0).nonzero()[0].max()) + 1
+    losses = []
+    for i in range(steps):
+        idx = rng.choice(n, size=min(batch_size, n), replace=n < batch_size)
+        batch = {k: jnp.asarray(v[idx, :width]) for k, v in data.items()}
+        params, opt_state, loss = step(params, opt_state, batch)
+        losses.append(float(loss))
+        if log is not None and (i + 1) % max(steps // 5, 1) == 0:
+            log(f"sft step {i + 1}/{steps}: loss {losses[-1]:.4f}")
+    nnx.update(model, params)
+    return losses

@@ -1,0 +1,93 @@
+"""SFT stages: chat JSONL tokenisation and masks, the format warm-start data, and training."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from ragen_jax.envs import make
+from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
+from ragen_jax.models import tokenizer as tokenizers
+from ragen_jax.rollout.agent import RolloutConfig
+from ragen_jax.rollout.context import ContextConfig, parse_response
+from ragen_jax.sft import conversation_data, train_sft, warmstart_data
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tokenizers.builtin()
+
+
+def _write(path, convs):
+    path.write_text("\n".join(json.dumps({"messages": m}) for m in convs) + "\n")
+
+
+def test_conversation_masks_cover_assistant_text_and_end_of_turn(tok, tmp_path):
+    convs = [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Go left?"},
+              {"role": "assistant", "content": "<answer>Left</answer>"},
+              {"role": "user", "content": "Again."},
+              {"role": "assistant", "content": "<answer>Up || Down</answer>"}]]
+    _write(tmp_path / "c.jsonl", convs)
+    data = conversation_data(tmp_path / "c.jsonl", tok, max_len=512, pad_multiple=16)
+    ids, mask, attn = data["input_ids"][0], data["loss_mask"][0], data["attention_mask"][0]
+    assert data["input_ids"].shape[1] % 16 == 0 and attn.sum() > mask.sum() > 0
+    full = tok.apply_chat_template(convs[0], tokenize=False)
+    assert tok.decode(ids[attn].tolist()) == full.rstrip("\n")  # same text as the chat template
+    trained = tok.decode(ids[mask].tolist())
+    assert trained == "<answer>Left</answer><|im_end|><answer>Up || Down</answer><|im_end|>"
+    np.testing.assert_array_equal(data["position_ids"][0][attn], np.arange(attn.sum()))
+
+
+def test_bad_conversation_files_name_the_line(tok, tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"messages": []}\nnot json\n')
+    with pytest.raises(ValueError, match="line 1"):
+        conversation_data(tmp_path / "a.jsonl", tok, max_len=64)
+    (tmp_path / "b.jsonl").write_text('{"messages": [{"role": "system", "content": "x"}]}\nnot json\n')
+    with pytest.raises(ValueError, match="line 1: roles"):
+        conversation_data(tmp_path / "b.jsonl", tok, max_len=64)
+    _write(tmp_path / "c.jsonl", [[{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                                   {"role": "assistant", "content": "a"}]])
+    (tmp_path / "c.jsonl").write_text((tmp_path / "c.jsonl").read_text() + "{oops\n")
+    with pytest.raises(ValueError, match="line 2"):
+        conversation_data(tmp_path / "c.jsonl", tok, max_len=64)
+
+
+@pytest.mark.parametrize("think", [False, True])
+def test_warmstart_answers_are_random_valid_actions_in_the_rollout_format(tok, think):
+    env, params = make("frozenlake")
+    ctx = ContextConfig(enable_think=think)
+    cfg = RolloutConfig(max_turn=3, response_length=24, context=ctx)
+    data = warmstart_data(env, params, tok, cfg, episodes=16, seed=0)
+    answers = set()
+    for ids, mask in zip(data["input_ids"], data["loss_mask"], strict=True):
+        # each maximal run of trained tokens is one answer, ending with the end-of-turn token
+        runs = np.split(ids, np.nonzero(np.diff(mask.astype(int)))[0] + 1)
+        flags = np.split(mask, np.nonzero(np.diff(mask.astype(int)))[0] + 1)
+        for run, f in zip(runs, flags, strict=True):
+            if f[0]:
+                text = tok.decode(run.tolist())
+                assert text.endswith("<|im_end|>")
+                p = parse_response(ctx.answer_prefix + text.removesuffix("<|im_end|>"),
+                                   env.action_names, ctx)
+                assert not p.format_error, text
+                answers.add(tuple(p.actions))
+    assert len(answers) > 4  # random, not one fixed answer
+
+
+def test_train_sft_lowers_the_loss_and_updates_the_model(tok):
+    env, params = make("bandit")
+    cfg = RolloutConfig(max_turn=1, max_actions_per_traj=1, response_length=16,
+                        context=ContextConfig(enable_think=False, max_actions_per_turn=1))
+    data = warmstart_data(env, params, tok, cfg, episodes=16, seed=0)
+    model = Qwen2ForCausalLM(QwenConfig.tiny(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+                             rngs=nnx.Rngs(0))
+    before = nnx.state(model, nnx.Param)
+    before = {k: np.asarray(v) for k, v in nnx.to_flat_state(before)}
+    losses = train_sft(model, data, steps=30, batch_size=8, lr=3e-3, seed=0)
+    assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:3])
+    after = {k: np.asarray(v) for k, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    assert any(not np.array_equal(before[k], after[k]) for k in before)

@@ -1,0 +1,263 @@
+"""The training loop end to end on a micro model: config loading and errors, resume after an
+interruption (signal) and after a crash, export to transformers with the same greedy actions,
+evaluation of a checkpoint, and the small pure pieces of the step."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ragen_jax.config import load_config
+from ragen_jax.metrics import read_jsonl
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def micro_config(out: Path, *, steps: int = 4, estimator: str = "grpo", extra: tuple = ()):
+    """Bandit on a 2-layer width-64 model: seconds per step on a CPU."""
+    args = ["--config", str(ROOT / "configs/bandit.py"),
+            f"--config.trainer.output_dir={out}",
+            f"--config.trainer.total_steps={steps}",
+            "--config.trainer.save_freq=2", "--config.trainer.test_freq=2",
+            "--config.trainer.progress=False",
+            "--config.model.hidden_size=64", "--config.model.intermediate_size=128",
+            "--config.model.num_hidden_layers=2",
+            "--config.rollout.env_groups=2", "--config.rollout.group_size=4",
+            "--config.rollout.val_groups=4", "--config.actor.ppo_mini_batch_size=4",
+            "--config.warmstart.steps=3", "--config.warmstart.episodes=8",
+            "--config.warmstart.batch_size=4", "--config.rollout.response_length=8",
+            f"--config.algorithm.adv_estimator={estimator}", *extra]
+    return load_config(args)
+
+
+def _without_timing(metrics: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
+    return {s: {k: v for k, v in m.items() if not k.startswith("timing_s/")} for s, m in metrics.items()}
+
+
+# -- config ------------------------------------------------------------------------------------
+
+
+def test_config_overrides_and_errors():
+    c = load_config(["--config", str(ROOT / "configs/sokoban.py"), "--config.actor.lr=2e-5",
+                     "--config.env.params.dim_room=(8, 8)", "--config.rollout.enable_think=True"])
+    assert c.actor.lr == 2e-5 and tuple(c.env.params.dim_room) == (8, 8) and c.rollout.enable_think
+    bad = [(["--config.actor.lrr=1"], "actor.lrr"), (["--config.actor.lr=abc"], "actor.lr"),
+           (["--config.trainer.total_steps=2.5"], "trainer.total_steps"),
+           (["--config.nope.x=1"], "nope")]
+    for extra, field in bad:
+        with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+            load_config(["--config", str(ROOT / "configs/sokoban.py"), *extra])
+    with pytest.raises(ValueError, match="unknown preset"):
+        load_config(["--config", str(ROOT / "configs/sokoban.py:huge")])
+
+
+def test_presets_need_a_model_path(tmp_path):
+    from ragen_jax.train import ConfigError, validate
+
+    c = load_config(["--config", str(ROOT / "configs/sokoban.py:qwen2.5-0.5b")])
+    with pytest.raises(ConfigError, match="model.path is required"):
+        validate(c)
+    c = load_config(["--config", str(ROOT / "configs/sokoban.py:qwen2.5-0.5b"),
+                     f"--config.model.path={tmp_path / 'missing'}"])
+    with pytest.raises(ConfigError, match="model.path: no such folder"):
+        validate(c)
+
+
+def test_launch_bad_override_is_one_line():
+    r = subprocess.run([sys.executable, str(ROOT / "launch.py"), "--config", "configs/bandit.py",
+                        "--config.actor.lrr=1"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines() == ["launch.py: --config.actor.lrr: unknown field (see configs/base.py)"]
+
+
+# -- pure pieces -------------------------------------------------------------------------------
+
+
+def test_select_rows_pads_kept_groups_by_copies():
+    from ragen_jax.train import select_rows
+
+    group_ids = np.repeat(np.arange(4), 3)  # 4 groups of 3
+    keep = np.array([True, False, True, False])
+    rows = select_rows(keep, group_ids, 4, np.random.default_rng(0))
+    assert rows.size == 8 and set(rows[:6]) == {0, 1, 2, 6, 7, 8}
+    assert set(rows[6:]) <= {0, 1, 2, 6, 7, 8}
+    assert select_rows(np.zeros(4, bool), group_ids, 4, np.random.default_rng(0)).size == 0
+
+
+def test_turn_ends_mark_last_sampled_token_of_each_turn():
+    from ragen_jax.train import _turn_ends
+
+    loss = np.array([[0, 1, 1, 0, 0, 1, 0]], bool)
+    turns = np.array([[1, 1, 1, 2, 2, 2, 0]], np.int16)
+    np.testing.assert_array_equal(_turn_ends(loss, turns), [[0, 0, 1, 0, 0, 1, 0]])
+
+
+def test_early_stop_rules():
+    from ragen_jax.train import early_stop_reason
+
+    rules = dict(stop_empty_after_filter=2, stop_reward_std_collapse=True,
+                 stop_val_success_collapse=True)
+    meta = {"empty_streak": 2, "std_history": [], "std_low_streak": 0, "val_low_streak": 0}
+    assert early_stop_reason(rules, meta, {}, "T") == "empty_after_filter"
+    meta["empty_streak"] = 0
+    for _ in range(10):  # the first ten steps set the reference std
+        assert early_stop_reason(rules, meta, {"rollout/in_group_reward_std": 1.0}, "T") is None
+    reasons = [early_stop_reason(rules, meta, {"rollout/in_group_reward_std": 0.05}, "T") for _ in range(10)]
+    assert reasons[:9] == [None] * 9 and reasons[9] == "reward_std_collapse"
+    meta = {"empty_streak": 0, "std_history": [], "std_low_streak": 0, "val_low_streak": 0}
+    reasons = [early_stop_reason(rules, meta, {"val-env/T/success": 0.0}, "T") for _ in range(5)]
+    assert reasons == [None] * 4 + ["val_success_collapse"]
+
+
+# -- the loop ----------------------------------------------------------------------------------
+
+
+def _run(config, **kw):
+    from ragen_jax.train import run
+
+    return run(config, **kw)
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref")
+    summary = _run(micro_config(out))
+    return out, summary
+
+
+def test_run_writes_metrics_checkpoints_and_trajectories(reference_run):
+    out, summary = reference_run
+    assert summary["step"] == 4
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert sorted(metrics) == [0, 1, 2, 3, 4]
+    for key in ("train/Bandit/success", "actor/pg_loss", "actor/entropy", "rollout/in_group_reward_std",
+                "timing_s/gen", "train/Bandit/response_length"):
+        assert key in metrics[1], key
+    assert "val-env/Bandit/success" in metrics[0] and "val-env/BanditTest/success" in metrics[2]
+    assert metrics[0]["warmstart/loss_last"] < metrics[0]["warmstart/loss_first"]
+    assert sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == [2, 4]
+    assert (out / "trajectories" / "val_step00004.jsonl").is_file()
+    assert json.loads((out / "config.json").read_text())["env"]["name"] == "bandit"
+    assert list((out / "tb").iterdir())
+
+
+def test_resume_after_signal_matches_uninterrupted(reference_run, tmp_path):
+    ref_out, _ = reference_run
+    config = micro_config(tmp_path)
+
+    def interrupt(step, _metrics):
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # handled: the step finishes, a checkpoint is saved
+
+    first = _run(config, on_step=interrupt)
+    assert first["interrupted"] and first["step"] == 3
+    second = _run(micro_config(tmp_path))
+    assert second["resumed_from"] == 3 and second["step"] == 4
+    assert _without_timing(read_jsonl(tmp_path / "metrics.jsonl")) == _without_timing(
+        read_jsonl(ref_out / "metrics.jsonl"))
+
+
+def test_resume_after_crash_repeats_lost_steps_exactly(reference_run, tmp_path):
+    ref_out, _ = reference_run
+
+    def crash(step, _metrics):
+        if step == 3:
+            raise RuntimeError("simulated crash")
+
+    with pytest.raises(RuntimeError):
+        _run(micro_config(tmp_path), on_step=crash)
+    second = _run(micro_config(tmp_path))
+    assert second["resumed_from"] == 2 and second["step"] == 4  # step 3 was lost and redone
+    assert _without_timing(read_jsonl(tmp_path / "metrics.jsonl")) == _without_timing(
+        read_jsonl(ref_out / "metrics.jsonl"))
+
+
+def test_ppo_with_critic_lora_and_kl_runs(tmp_path):
+    summary = _run(micro_config(tmp_path, steps=2, estimator="gae", extra=(
+        "--config.trainer.val_before_train=False", "--config.model.lora_rank=4",
+        "--config.algorithm.kl_coef=0.01", "--config.actor.recompute_logprobs=True")))
+    metrics = read_jsonl(tmp_path / "metrics.jsonl")
+    assert summary["step"] == 2
+    for key in ("critic/vf_loss", "critic/grad_norm", "actor/kl_loss", "rollout/ref_kl"):
+        assert np.isfinite(metrics[2][key]), key
+    assert metrics[1]["rollout/logprob_gap"] < 1e-3  # trainer and sampler agree
+
+
+def test_export_loads_in_transformers_with_the_same_greedy_actions(reference_run, tmp_path):
+    torch = pytest.importorskip("torch")
+    import jax
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ragen_jax.export import export, load_checkpoint
+    from ragen_jax.rollout.context import ChatFormat, ContextConfig
+    from ragen_jax.rollout.sampler import Sampler, SamplingParams
+
+    run_dir, _ = reference_run
+    hf_dir = export(run_dir, tmp_path / "hf")
+    actor, tok, _, step = load_checkpoint(run_dir)
+    assert step == 4
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32).eval()
+    hf_tok = AutoTokenizer.from_pretrained(hf_dir)
+    trajs = [json.loads(x) for x in (run_dir / "trajectories" / "val_step00004.jsonl").read_text().splitlines()]
+    chat = ChatFormat(hf_tok, ContextConfig(enable_think=False))
+    prompts = [chat.first_chunk(t["messages"][0]["content"], t["messages"][1]["content"]) for t in trajs]
+    ids = [hf_tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    assert ids == [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    sampler = Sampler(actor, pad_id=tok.pad_token_id or 0)
+    out = sampler(ids, key=jax.random.key(0), params=SamplingParams(max_new_tokens=8, temperature=0.0),
+                  stop_tokens=chat.stop_ids)
+    ours = np.asarray(out.tokens)
+    lengths = np.asarray(out.lengths)
+    for b, prompt in enumerate(ids):
+        with torch.no_grad():
+            gen = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False,
+                              eos_token_id=[int(x) for x in chat.stop_ids],
+                              pad_token_id=tok.pad_token_id or 0)
+        theirs = gen[0, len(prompt):].tolist()
+        assert theirs == ours[b, : lengths[b]].tolist()
+
+
+def test_eval_from_checkpoint(reference_run, tmp_path):
+    from ragen_jax.eval import main
+
+    run_dir, _ = reference_run
+    summary = main(["--checkpoint", str(run_dir), "--groups", "4", "--out", str(tmp_path / "ev"),
+                    "--temperature", "0"])
+    assert summary["env"] == "bandit" and summary["episodes"] == 4
+    assert (tmp_path / "ev" / "viewer.html").is_file()
+
+
+_SHARDED = r"""
+import json, sys
+sys.path.insert(0, {root!r})
+from tests.test_train import micro_config
+from ragen_jax.train import run
+from pathlib import Path
+out = Path({out!r})
+config = micro_config(out, steps=1, extra=("--config.trainer.val_before_train=False",
+                                           "--config.mesh.data=2", "--config.mesh.fsdp=2",
+                                           "--config.mesh.tensor=2"))
+run(config)
+"""
+
+
+def test_sharded_run_on_8_devices_matches_one_device(tmp_path):
+    """The same step on a (2, 2, 2) mesh of simulated CPU devices and on one device."""
+    single = tmp_path / "single"
+    _run(micro_config(single, steps=1, extra=("--config.trainer.val_before_train=False",)))
+    sharded = tmp_path / "sharded"
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    r = subprocess.run([sys.executable, "-c", _SHARDED.format(root=str(ROOT), out=str(sharded))],
+                       cwd=ROOT, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    a, b = read_jsonl(single / "metrics.jsonl")[1], read_jsonl(sharded / "metrics.jsonl")[1]
+    for key in ("train/Bandit/score", "train/Bandit/response_length", "actor/pg_loss",
+                "actor/entropy", "actor/grad_norm"):
+        np.testing.assert_allclose(b[key], a[key], rtol=1e-3, atol=1e-5, err_msg=key)
