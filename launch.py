@@ -34,12 +34,25 @@ def main(argv: list[str]) -> None:
         summary = train.run(config)
     except (train.ConfigError, FileNotFoundError) as e:
         raise SystemExit(f"launch.py: {e}") from None
+    import jax
+
+    if jax.process_index() != 0:
+        return
     out = Path(summary["output_dir"])
-    print(f"\ndone at step {summary['step']}. Run folder: {out}/\n"
-          f"  metrics     {out}/metrics.jsonl  (TensorBoard: tensorboard --logdir {out}/tb)\n"
-          f"  checkpoints {out}/checkpoints/   (export: python -m ragen_jax.export --checkpoint {out} --out HF_DIR)\n"
-          f"  trajectories {out}/trajectories/ (validation episodes, JSONL + HTML viewer)\n"
-          f"  curves      python experiments/plot_run.py {out}")
+    from ragen_jax.plots import plot_run
+
+    try:
+        curves = plot_run(out)
+    except ValueError as e:  # e.g. no validation ran yet
+        curves = f"(none: {e})"
+    state = "interrupted" if summary.get("interrupted") else "done"
+    print(f"\n{state} at step {summary['step']}. Run folder: {out}/\n"
+          f"  curves       {curves}\n"
+          f"  metrics      {out}/metrics.jsonl  (TensorBoard: tensorboard --logdir {out}/tb)\n"
+          f"  checkpoints  {out}/checkpoints/   (rerun the same command to resume; export: "
+          f"python -m ragen_jax.export --checkpoint {out} --out HF_DIR)\n"
+          f"  trajectories {out}/trajectories/  (validation episodes: JSONL + HTML viewer)\n"
+          f"  evaluate     python -m ragen_jax.eval --checkpoint {out}")
 
 
 if __name__ == "__main__":

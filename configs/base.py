@@ -114,6 +114,11 @@ def get_config(preset: str = "tiny") -> ConfigDict:
     c.sft.batch_size = 8  # conversations per SFT step
     c.sft.lr = 1e-5  # SFT learning rate
 
+    c.diagnostics = ConfigDict()
+    c.diagnostics.compute_freq = 5  # collapse diagnostics every k steps, 0 = off (RAGEN: 5)
+    c.diagnostics.num_samples = 64  # episodes whose first response is scored (RAGEN: 64)
+    c.diagnostics.ema = 0.9  # EMA decay of the MI z-score
+
     c.trainer = ConfigDict()
     c.trainer.output_dir = ""  # run folder; "" = runs/<env>-<preset>
     c.trainer.total_steps = 200  # training steps (RAGEN: 200)
@@ -170,6 +175,8 @@ def apply_preset(c: ConfigDict, preset: str) -> None:
     c.critic.lr = 1e-4
     c.warmstart.steps = 120
     c.warmstart.lr = 2e-3
+    c.diagnostics.compute_freq = 10
+    c.diagnostics.num_samples = 32
     c.trainer.total_steps = 200
     c.trainer.test_freq = 10
     c.trainer.save_freq = 10

@@ -27,11 +27,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "experiments"))
-
-from plot_run import find_tag, plot_run, series  # noqa: E402
 
 from ragen_jax.metrics import read_jsonl  # noqa: E402
+from ragen_jax.plots import find_tag, plot_run, series  # noqa: E402
 
 RUNS = {"bandit": 600, "frozenlake": 1200, "sokoban": 1200}  # wall-clock budgets, seconds
 

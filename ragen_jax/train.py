@@ -49,6 +49,7 @@ from ragen_jax.rollout.context import ContextConfig
 from ragen_jax.rollout.sampler import Sampler
 from ragen_jax.sharding import make_mesh, shard_batch
 from ragen_jax.starpo import advantages as adv_lib
+from ragen_jax.starpo.diagnostics import collapse_metrics, cross_scores, first_turn_pairs
 from ragen_jax.starpo.filtering import FilterConfig, filter_groups
 from ragen_jax.starpo.losses import masked_mean
 from ragen_jax.starpo.update import (
@@ -379,6 +380,27 @@ class Trainer:
                 main = batch
         return metrics, main
 
+    def diagnose(self, batch: RolloutBatch) -> dict[str, float]:
+        """RAGEN V2's collapse diagnostics on first-turn pairs (``collapse/first_turn/*``),
+        from the rollout batch before filtering, with the policy that sampled it."""
+        d = self.c.diagnostics
+        rng = np.random.default_rng([self.c.seed, self.step, 1])
+        inputs, reasonings, column = first_turn_pairs(batch.input_ids, batch.loss_mask,
+                                                      batch.turn_ids, batch.group_ids,
+                                                      d.num_samples, rng)
+        if len(inputs) < 2:
+            return {}
+        per_token, per_seq = cross_scores(self.m.actor, inputs, reasonings)
+        out = {f"collapse/first_turn/{k}": v for k, v in collapse_metrics(per_seq, column).items()}
+        tok = collapse_metrics(per_token, column)
+        for k in ("conditional_entropy_est", "reasoning_entropy_est", "mi_estimate"):
+            out[f"collapse/first_turn/per_token/{k}"] = tok[k]
+        z = out["collapse/first_turn/mi_zscore"]
+        prev = self.meta.get("mi_zscore_ema")
+        self.meta["mi_zscore_ema"] = z if prev is None else d.ema * prev + (1 - d.ema) * z
+        out["collapse/first_turn/mi_zscore_ema"] = self.meta["mi_zscore_ema"]
+        return out
+
     def train_step(self) -> dict[str, float]:
         """One rollout + update; returns the step's metrics."""
         c, t = self.c, {}
@@ -388,6 +410,10 @@ class Trainer:
         t["timing_s/gen"] = time.perf_counter() - t0
         metrics = {("train/" + k if k.startswith(self.tag + "/") else k): v
                    for k, v in batch.metrics.items()}
+        if c.diagnostics.compute_freq and self.step % c.diagnostics.compute_freq == 0:
+            t0 = time.perf_counter()
+            metrics |= self.diagnose(batch)
+            t["timing_s/diagnostics"] = time.perf_counter() - t0
 
         # ---- filtering (whole groups) ----
         g, s = self.rcfg.env_groups, self.rcfg.group_size

@@ -33,6 +33,7 @@ def micro_config(out: Path, *, steps: int = 4, estimator: str = "grpo", extra: t
             "--config.rollout.val_groups=4", "--config.actor.ppo_mini_batch_size=4",
             "--config.warmstart.steps=3", "--config.warmstart.episodes=8",
             "--config.warmstart.batch_size=4", "--config.rollout.response_length=8",
+            "--config.diagnostics.compute_freq=2", "--config.diagnostics.num_samples=8",
             f"--config.algorithm.adv_estimator={estimator}", *extra]
     return load_config(args)
 
@@ -141,8 +142,11 @@ def test_run_writes_metrics_checkpoints_and_trajectories(reference_run):
                 "timing_s/gen", "train/Bandit/response_length"):
         assert key in metrics[1], key
     assert "val-env/Bandit/success" in metrics[0] and "val-env/BanditTest/success" in metrics[2]
+    for key in ("collapse/first_turn/mi_estimate", "collapse/first_turn/retrieval_acc@1",
+                "collapse/first_turn/mi_zscore_ema"):  # diagnostics every 2 steps
+        assert np.isfinite(metrics[3][key]) and key not in metrics[2], key
     assert metrics[0]["warmstart/loss_last"] < metrics[0]["warmstart/loss_first"]
-    assert sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == [2, 4]
+    assert sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == [0, 2, 4]
     assert (out / "trajectories" / "val_step00004.jsonl").is_file()
     assert json.loads((out / "config.json").read_text())["env"]["name"] == "bandit"
     assert list((out / "tb").iterdir())

@@ -17,7 +17,7 @@ import functools
 import os
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 # The tiny preset's vocabulary size (the model's embedding rows); the BPE never exceeds it.
@@ -25,6 +25,8 @@ TINY_VOCAB_SIZE = 1024
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TAG_TOKENS = ("<think>", "</think>", "<answer>", "</answer>", "||")
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 # ChatML, as Qwen2.5 writes it, without Qwen's default system message.
 CHAT_TEMPLATE = (
@@ -50,8 +52,15 @@ def load(path: str | os.PathLike | None = None) -> PreTrainedTokenizerBase:
 
 @functools.lru_cache(maxsize=1)
 def _trained_json() -> str:
+    # Qwen2's own text pipeline (NFC, its split regex: single digits, then byte-level), so
+    # that an exported folder, which transformers loads as ``Qwen2Tokenizer`` (it rebuilds
+    # this pipeline from ``model_type``), tokenises exactly as we do.
     tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=TINY_VOCAB_SIZE - len(TAG_TOKENS),

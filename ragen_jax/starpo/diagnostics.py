@@ -13,9 +13,11 @@ log-probabilities; the true input of ``z_i`` is column ``c_i``. Then
   the sampled reasonings.
 
 ``cross_scores`` computes the matrix with the policy in one jitted batched pass;
-``collapse_metrics`` turns it into RAGEN's numbers. Partial (issue 6): the pair sampling from
-a rollout batch (first-turn and trajectory-uniform), the EMA, the gradient-norm-by-bucket
-analysis and the training-loop logging come with the trainer.
+``collapse_metrics`` turns it into RAGEN's numbers; ``first_turn_pairs`` samples the pairs
+from a rollout batch (X = the first prompt, Z = the first response; episodes of a group share
+X) and the trainer logs the result every ``diagnostics.compute_freq`` steps as
+``collapse/first_turn/*`` with an EMA of the z-score. Partial (issue 6): trajectory-uniform
+pairs, the gradient-norm-by-bucket analysis and the studies are not done yet.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def cross_scores(model: Qwen2ForCausalLM, inputs: list[list[int]], reasonings: l
     """
     n_z, n_x = len(reasonings), len(inputs)
     length = max(len(x) for x in inputs) + max(len(z) for z in reasonings)
+    length = -(-length // 64) * 64  # fewer distinct shapes to compile
     ids = np.zeros((n_z * n_x, length), np.int32)
     real = np.zeros((n_z * n_x, length), bool)
     scored = np.zeros((n_z * n_x, length), np.float32)
@@ -102,3 +105,28 @@ def collapse_metrics(scores: jax.Array, true_column: jax.Array, input_ids: jax.A
         out[f"retrieval_chance@{k}"] = chance
         out[f"retrieval_margin@{k}"] = acc - chance
     return out
+
+
+def first_turn_pairs(input_ids: np.ndarray, loss_mask: np.ndarray, turn_ids: np.ndarray,
+                     group_ids: np.ndarray, num_samples: int, rng: np.random.Generator
+                     ) -> tuple[list[list[int]], list[list[int]], np.ndarray]:
+    """``(inputs, reasonings, true_column)`` for up to ``num_samples`` episodes of a batch.
+
+    X is everything before the first sampled token (system + first user message + header),
+    Z the first turn's sampled tokens. Episodes of one group share X, so inputs are one per
+    sampled group and ``true_column`` indexes them. Episodes that sampled nothing are skipped.
+    """
+    rows = [b for b in range(input_ids.shape[0]) if (loss_mask[b] & (turn_ids[b] == 1)).any()]
+    rows = sorted(rng.choice(rows, size=min(num_samples, len(rows)), replace=False).tolist()) if rows else []
+    columns: dict[int, int] = {}
+    inputs, reasonings, true_column = [], [], []
+    for b in rows:
+        first = loss_mask[b] & (turn_ids[b] == 1)
+        start = int(np.argmax(first))
+        g = int(group_ids[b])
+        if g not in columns:
+            columns[g] = len(inputs)
+            inputs.append(input_ids[b, :start].tolist())
+        reasonings.append(input_ids[b][first].tolist())
+        true_column.append(columns[g])
+    return inputs, reasonings, np.asarray(true_column, np.int32)

@@ -69,3 +69,24 @@ def test_cross_scores_equal_separate_teacher_forcing():
             expected = float(logp[0, len(x):].sum())
             assert float(total[i, j]) == pytest.approx(expected, abs=1e-4)
             assert float(mean[i, j]) == pytest.approx(expected / len(z), abs=1e-4)
+
+
+def test_first_turn_pairs_from_a_batch_layout():
+    from ragen_jax.starpo.diagnostics import first_turn_pairs
+
+    # 3 episodes, groups [0, 0, 1]; prompt tokens, then turn-1 response (mask 1), then turn 2.
+    ids = np.array([[5, 6, 7, 1, 2, 9, 3, 0],
+                    [5, 6, 7, 4, 9, 8, 3, 0],
+                    [5, 8, 7, 2, 9, 1, 0, 0]], np.int32)
+    mask = np.array([[0, 0, 0, 1, 1, 0, 1, 0],
+                     [0, 0, 0, 1, 0, 0, 1, 0],
+                     [0, 0, 0, 1, 1, 1, 0, 0]], bool)
+    turns = np.array([[1, 1, 1, 1, 1, 2, 2, 0],
+                      [1, 1, 1, 1, 2, 2, 2, 0],
+                      [1, 1, 1, 1, 1, 1, 0, 0]], np.int16)
+    inputs, zs, col = first_turn_pairs(ids, mask, turns, np.array([0, 0, 1]), 8, np.random.default_rng(0))
+    assert inputs == [[5, 6, 7], [5, 8, 7]]
+    assert zs == [[1, 2], [4], [2, 9, 1]]
+    assert col.tolist() == [0, 0, 1]
+    inputs, zs, col = first_turn_pairs(ids, mask, turns, np.array([0, 0, 1]), 2, np.random.default_rng(0))
+    assert len(zs) == 2 and len(set(map(tuple, zs))) == 2

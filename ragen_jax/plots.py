@@ -1,19 +1,16 @@
-"""Curves of one training run: ``python experiments/plot_run.py RUN_DIR [--out FILE.png]``.
+"""Curves of one training run: ``python -m ragen_jax.plots RUN_DIR [--out FILE.png]``.
 
 Reads ``RUN_DIR/metrics.jsonl`` and draws success (train and validation), score, policy
-entropy and response length against the step; writes ``RUN_DIR/curves.png`` by default.
+entropy and response length against the step; writes ``RUN_DIR/curves.png`` by default
+(``launch.py`` does this at the end of every run).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from ragen_jax.metrics import read_jsonl  # noqa: E402
+from ragen_jax.metrics import read_jsonl
 
 
 def series(metrics: dict[int, dict[str, float]], key: str) -> tuple[list[int], list[float]]:
@@ -66,7 +63,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, title: str | No
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ragen_jax.plots", description=__doc__.split("\n")[0])
     p.add_argument("run_dir")
     p.add_argument("--out", default=None)
     args = p.parse_args()
