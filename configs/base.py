@@ -171,6 +171,7 @@ def apply_preset(c: ConfigDict, preset: str) -> None:
     c.actor.lr = 3e-4
     c.actor.weight_decay = 0.0
     c.actor.ppo_mini_batch_size = 64
+    c.actor.micro_batches = 4  # bounds memory: [64, 1024] in one pass took ~10 GB
     c.actor.recompute_logprobs = False  # same model and numerics as the sampler: skip a pass
     c.critic.lr = 1e-4
     c.warmstart.steps = 120

@@ -61,7 +61,7 @@ def summarize(name: str, out: Path, wall: float | None) -> str:
     other = "; ".join(f"{k.split('/')[1]} {series(metrics, k)[1][-1]:.3f}" for k in extra)
     best = max(range(len(val)), key=lambda i: val[i])
     wall_txt = f"{wall / 60:.1f}" if wall is not None else "-"
-    return (f"| {name} | {steps[-1]} | {wall_txt} | {val[0]:.3f} | {val[best]:.3f} (step {steps[best]}) "
+    return (f"| {name} | {max(metrics)} | {wall_txt} | {val[0]:.3f} | {val[best]:.3f} (step {steps[best]}) "
             f"| {val[-1]:.3f} | {val[-1] - val[0]:+.3f} | {other or '-'} |")
 
 
@@ -86,7 +86,7 @@ def main() -> None:
         png = plot_run(out, RESULTS / f"learning_curve_{name}.png", title=f"{name} (tiny preset)")
         print(f"wrote {png}")
         rows.append(summarize(name, out, wall))
-    table = ["| env | steps | wall min | val success at step 0 (warm-started) | best val success "
+    table = ["| env | train steps | wall min | val success at step 0 (warm-started) | best val success "
              "| last val success | last - start | other val splits (last) |",
              "|---|---|---|---|---|---|---|---|", *rows]
     text = "\n".join(table) + "\n"

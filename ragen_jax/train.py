@@ -317,6 +317,9 @@ class Trainer:
         self.sampler.update(self.m.actor)
 
     def save(self) -> None:
+        """Checkpoints the current step (once: a step already saved is left as it is)."""
+        if self.store.latest_step() == self.step:
+            return
         self.store.save(self.step, self.state(), {**self.meta, "step": self.step})
 
     def maybe_resume(self) -> bool:
@@ -442,9 +445,11 @@ class Trainer:
         sampler_lp = jnp.asarray(sl(batch.model_logprobs))
         mb = c.actor.ppo_mini_batch_size
 
-        def chunked(fn, *args):  # forward passes in mini-batch rows, bounded memory
-            parts = [fn(*args, ids[i:i + mb], (attn[i:i + mb], pos[i:i + mb]))
-                     for i in range(0, rows.size, mb)]
+        chunk = max(1, mb // c.actor.micro_batches)
+
+        def chunked(fn, *args):  # forward passes in micro-batch rows, bounded memory
+            parts = [fn(*args, ids[i:i + chunk], (attn[i:i + chunk], pos[i:i + chunk]))
+                     for i in range(0, rows.size, chunk)]
             return jnp.concatenate(parts, 0)
 
         temp = self.ucfg.temperature

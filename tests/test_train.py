@@ -152,18 +152,19 @@ def test_run_writes_metrics_checkpoints_and_trajectories(reference_run):
     assert list((out / "tb").iterdir())
 
 
-def test_resume_after_signal_matches_uninterrupted(reference_run, tmp_path):
+@pytest.mark.parametrize("stop_at", [2, 3])  # 2 is also a periodic save: saved once, no error
+def test_resume_after_signal_matches_uninterrupted(reference_run, tmp_path, stop_at):
     ref_out, _ = reference_run
     config = micro_config(tmp_path)
 
     def interrupt(step, _metrics):
-        if step == 3:
+        if step == stop_at:
             os.kill(os.getpid(), signal.SIGTERM)  # handled: the step finishes, a checkpoint is saved
 
     first = _run(config, on_step=interrupt)
-    assert first["interrupted"] and first["step"] == 3
+    assert first["interrupted"] and first["step"] == stop_at
     second = _run(micro_config(tmp_path))
-    assert second["resumed_from"] == 3 and second["step"] == 4
+    assert second["resumed_from"] == stop_at and second["step"] == 4
     assert _without_timing(read_jsonl(tmp_path / "metrics.jsonl")) == _without_timing(
         read_jsonl(ref_out / "metrics.jsonl"))
 
