@@ -25,17 +25,21 @@ def main(argv: list[str]) -> None:
 
     try:
         config = load_config(argv[1:], prog="launch.py", default=str(ROOT / "configs/sokoban.py"))
+        from ragen_jax import distributed
+
+        distributed.initialize(config.distributed)  # before anything starts JAX's backend
     except ValueError as e:
         raise SystemExit(f"launch.py: {e}") from None
+    import jax
+
     from ragen_jax import train
 
-    print(config, flush=True)
+    if jax.process_index() == 0:
+        print(config, flush=True)
     try:
         summary = train.run(config)
     except (train.ConfigError, FileNotFoundError) as e:
         raise SystemExit(f"launch.py: {e}") from None
-    import jax
-
     if jax.process_index() != 0:
         return
     out = Path(summary["output_dir"])

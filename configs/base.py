@@ -141,6 +141,8 @@ def get_config(preset: str = "tiny") -> ConfigDict:
     c.distributed.coordinator_address = ""  # "host:port" of process 0; "" = single process
     c.distributed.num_processes = 1  # processes in the job
     c.distributed.process_id = 0  # this process's index
+    c.distributed.initialization_timeout_s = 300  # give up if the job has not assembled by then
+    c.distributed.heartbeat_timeout_s = 100  # a silent (dead) process ends the others after this
 
     apply_preset(c, preset)
     return c

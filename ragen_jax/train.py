@@ -31,6 +31,7 @@ import numpy as np
 from flax import nnx
 from ml_collections import ConfigDict
 
+from ragen_jax import distributed as dist
 from ragen_jax.checkpoint import CheckpointStore
 from ragen_jax.envs import make
 from ragen_jax.metrics import MetricsLogger
@@ -65,6 +66,10 @@ from ragen_jax.starpo.update import (
 )
 
 ESTIMATORS = ("gae", "grpo", "drgrpo", "rloo")
+# Rollout metrics that count (summed over processes); the others are per-episode means.
+ROLLOUT_COUNTS = tuple(f"rollout/{k}" for k in (
+    "num_trajectories", "num_groups", "tokens", "sampled_tokens", "length_truncated",
+    "truncated", "unplaced_scores"))
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
@@ -125,6 +130,12 @@ def validate(c: ConfigDict) -> None:
             raise ConfigError(f"trainer.{name} must be >= 1, got {c.trainer[name]}")
     if c.actor.ppo_mini_batch_size < 1 or c.actor.ppo_epochs < 1:
         raise ConfigError("actor.ppo_mini_batch_size and actor.ppo_epochs must be >= 1")
+    d = c.distributed
+    if d.coordinator_address:
+        for name in ("env_groups", "val_groups"):
+            if c.rollout[name] % d.num_processes:
+                raise ConfigError(f"rollout.{name}={c.rollout[name]} must be a multiple of "
+                                  f"distributed.num_processes={d.num_processes}")
     try:
         _rollout_config(c)
         _update_config(c)
@@ -273,7 +284,10 @@ class Trainer:
         self.tag = c.env.tag or type(self.env).__name__
 
         self.m = build_models(c, self.mesh)
-        self.sampler = Sampler(self.m.actor, pad_id=self.m.tokenizer.pad_token_id or 0,
+        # Rollouts are process-local: each process samples its share with a local replica.
+        self.local_mesh = dist.local_mesh(self.mesh)
+        self.policy = dist.local_replica(self.m.actor, self.mesh, self.local_mesh)
+        self.sampler = Sampler(self.policy, pad_id=self.m.tokenizer.pad_token_id or 0,
                                bucket_multiple=self.rcfg.pad_multiple)
         self.rollout = AgentRollout(self.env, self.env_params, self.m.tokenizer, self.rcfg, tag=self.tag)
         self.val_rollouts = {self.tag: self.rollout} | {
@@ -282,12 +296,12 @@ class Trainer:
 
         self.ucfg = _update_config(c)
         self.optimizer = make_optimizer(self.ucfg)
-        self.opt_state = self.optimizer.init(self.m.params)
+        self.opt_state = dist.on_mesh(self.optimizer.init(self.m.params), self.mesh)
         self.actor_step = make_train_step(self.m.graphdef, self.ucfg, self.optimizer, mesh=self.mesh)
         if self.m.critic_graphdef is not None:
             self.ccfg = _update_config(c, critic=True)
             self.critic_optimizer = make_optimizer(self.ccfg)
-            self.critic_opt_state = self.critic_optimizer.init(self.m.critic_params)
+            self.critic_opt_state = dist.on_mesh(self.critic_optimizer.init(self.m.critic_params), self.mesh)
             self.critic_step = make_train_step(self.m.critic_graphdef, self.ccfg,
                                                self.critic_optimizer, critic_objective, self.mesh)
         self.step = 0
@@ -314,7 +328,11 @@ class Trainer:
         if "ref" in s:
             self.m.ref_params = s["ref"]
         nnx.update(self.m.actor, self.m.params)
-        self.sampler.update(self.m.actor)
+        self._refresh_sampler()
+
+    def _refresh_sampler(self) -> None:
+        self.policy = dist.local_replica(self.m.actor, self.mesh, self.local_mesh)
+        self.sampler.update(self.policy)
 
     def save(self) -> None:
         """Checkpoints the current step (once: a step already saved is left as it is)."""
@@ -360,14 +378,14 @@ class Trainer:
                                lr=w.lr, seed=self.c.seed, trainable=trainable, log=log)
             out["warmstart/loss_first"], out["warmstart/loss_last"] = losses[0], losses[-1]
         _, self.m.params, self.m.rest = nnx.split(self.m.actor, trainable, ...)
-        self.opt_state = self.optimizer.init(self.m.params)
+        self.opt_state = dist.on_mesh(self.optimizer.init(self.m.params), self.mesh)
         if self.m.critic_graphdef is not None:  # the critic starts from the warm-started actor
             critic = Qwen2ForValue.from_actor(self.m.actor, seed=self.c.seed + 1)
             _, self.m.critic_params, self.m.critic_rest = nnx.split(critic, nnx.Param, ...)
-            self.critic_opt_state = self.critic_optimizer.init(self.m.critic_params)
+            self.critic_opt_state = dist.on_mesh(self.critic_optimizer.init(self.m.critic_params), self.mesh)
         if self.m.ref_params is not None and not self.c.model.lora_rank:
             self.m.ref_params = jax.tree.map(jnp.copy, self.m.params)
-        self.sampler.update(self.m.actor)
+        self._refresh_sampler()
         self.meta["warmstarted"] = True
         return out
 
@@ -375,13 +393,33 @@ class Trainer:
         """Validation on the fixed seeds (``val-env/<tag>/...``); returns the main batch too."""
         metrics, main = {}, None
         sampling = self.rcfg.sampling(temperature=self.c.rollout.val_temperature)
+        part = dist.share(self.rcfg.val_groups, "rollout.val_groups")
         for i, (tag, rollout) in enumerate(self.val_rollouts.items()):
-            batch = rollout.collect(self.sampler, val_seeds(self.rcfg), self._key(1, self.step, i),
-                                    group_size=self.rcfg.val_group_size, sampling=sampling)
+            batch = rollout.collect(self.sampler, val_seeds(self.rcfg)[part],
+                                    self._key(1, self.step, i), group_size=self.rcfg.val_group_size,
+                                    sampling=sampling, row_offset=part.start * self.rcfg.val_group_size)
             metrics |= {f"val-env/{k}": v for k, v in batch.metrics.items() if k.startswith(tag + "/")}
             if main is None:
                 main = batch
-        return metrics, main
+        return dist.mean_metrics(metrics), main
+
+    @staticmethod
+    def _balanced_rows(keep: np.ndarray, group_ids: np.ndarray, weights: np.ndarray,
+                       multiple: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """Multi-process row selection: this process's kept rows, padded by copies to the
+        largest count any process has (rounded up to ``multiple / processes``), so that every
+        process feeds the same number of rows. A process that kept nothing feeds copies of row
+        0 with weight 0 (they add nothing to the loss)."""
+        per = multiple // math.gcd(multiple, jax.process_count())
+        rows = select_rows(keep, group_ids, 1, rng)
+        target = int(dist.allgather(np.int64(rows.size)).max())
+        target = -(-target // per) * per
+        w = weights.astype(np.float32).copy()
+        if rows.size == 0:
+            w[0] = 0.0
+            return np.zeros(target, np.int64), w
+        extra = np.sort(rng.choice(rows, size=target - rows.size)) if target > rows.size else rows[:0]
+        return np.concatenate([rows, extra]), w
 
     def diagnose(self, batch: RolloutBatch) -> dict[str, float]:
         """RAGEN V2's collapse diagnostics on first-turn pairs (``collapse/first_turn/*``),
@@ -390,10 +428,17 @@ class Trainer:
         rng = np.random.default_rng([self.c.seed, self.step, 1])
         inputs, reasonings, column = first_turn_pairs(batch.input_ids, batch.loss_mask,
                                                       batch.turn_ids, batch.group_ids,
-                                                      d.num_samples, rng)
+                                                      d.num_samples // jax.process_count(), rng)
+        if dist.multiprocess():  # every process scores every process's pairs
+            parts = dist.allgather_json([inputs, reasonings, column.tolist()])
+            inputs, reasonings, cols = [], [], []
+            for xs, zs, cs in parts:
+                cols += [col + len(inputs) for col in cs]
+                inputs, reasonings = inputs + xs, reasonings + zs
+            column = np.asarray(cols, np.int32)
         if len(inputs) < 2:
             return {}
-        per_token, per_seq = cross_scores(self.m.actor, inputs, reasonings)
+        per_token, per_seq = cross_scores(self.policy, inputs, reasonings)
         out = {f"collapse/first_turn/{k}": v for k, v in collapse_metrics(per_seq, column).items()}
         tok = collapse_metrics(per_token, column)
         for k in ("conditional_entropy_est", "reasoning_entropy_est", "mi_estimate"):
@@ -407,9 +452,11 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         """One rollout + update; returns the step's metrics."""
         c, t = self.c, {}
+        g, s = self.rcfg.env_groups, self.rcfg.group_size
+        part = dist.share(g, "rollout.env_groups")  # this process's groups
         t0 = time.perf_counter()
-        batch = self.rollout.collect(self.sampler, train_seeds(self.rcfg, self.step),
-                                     self._key(0, self.step))
+        batch = self.rollout.collect(self.sampler, train_seeds(self.rcfg, self.step)[part],
+                                     self._key(0, self.step), row_offset=part.start * s)
         t["timing_s/gen"] = time.perf_counter() - t0
         metrics = {("train/" + k if k.startswith(self.tag + "/") else k): v
                    for k, v in batch.metrics.items()}
@@ -417,17 +464,23 @@ class Trainer:
             t0 = time.perf_counter()
             metrics |= self.diagnose(batch)
             t["timing_s/diagnostics"] = time.perf_counter() - t0
+        metrics = dist.mean_metrics(metrics, summed=ROLLOUT_COUNTS)
 
-        # ---- filtering (whole groups) ----
-        g, s = self.rcfg.env_groups, self.rcfg.group_size
-        keep, weights, fmetrics = filter_groups(jnp.asarray(batch.scores.reshape(g, s)), self.fcfg,
-                                                jnp.asarray(batch.loss_mask.sum(1).reshape(g, s)))
+        # ---- filtering (whole groups, over every process's groups) ----
+        scores = dist.allgather(batch.scores).reshape(g, s)
+        lengths = dist.allgather(batch.loss_mask.sum(1)).reshape(g, s)
+        keep, weights, fmetrics = filter_groups(jnp.asarray(scores), self.fcfg, jnp.asarray(lengths))
         metrics |= {k: float(v) for k, v in fmetrics.items()}
+        keep = np.asarray(keep)[part]
+        weights = np.asarray(weights).reshape(g, s)[part].reshape(-1)
         n_dev = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         multiple = math.lcm(c.actor.ppo_mini_batch_size, n_dev)
-        rng = np.random.default_rng([c.seed, self.step])
-        rows = select_rows(np.asarray(keep), batch.group_ids, multiple, rng)
-        if rows.size == 0:
+        rng = np.random.default_rng([c.seed, self.step, jax.process_index()])
+        if dist.multiprocess():  # every process contributes the same number of rows
+            rows, weights = self._balanced_rows(keep, batch.group_ids, weights, multiple, rng)
+        else:
+            rows = select_rows(keep, batch.group_ids, multiple, rng)
+        if not dist.any_process(rows.size > 0):
             self.meta["empty_streak"] += 1
             metrics["train/update_skipped_empty"] = 1.0
             return metrics | t
@@ -436,20 +489,25 @@ class Trainer:
         # ---- forward passes: old / reference log-probs, values ----
         t0 = time.perf_counter()
         width = int(batch.attention_mask[rows].any(0).nonzero()[0].max()) + 1
+        width = int(dist.allgather(np.int64(width)).max())
         width = -(-width // self.rcfg.pad_multiple) * self.rcfg.pad_multiple
-        sl = lambda x: x[rows, :width]  # noqa: E731
-        ids, attn, pos = (jnp.asarray(sl(x)) for x in (batch.input_ids, batch.attention_mask,
-                                                       batch.position_ids))
-        loss_mask = jnp.asarray(sl(batch.loss_mask)).astype(jnp.float32)
-        loss_mask = loss_mask * jnp.asarray(np.asarray(weights)[rows])[:, None]
-        sampler_lp = jnp.asarray(sl(batch.model_logprobs))
-        mb = c.actor.ppo_mini_batch_size
+        put = lambda x: dist.global_rows(x, self.mesh)  # noqa: E731  local rows -> global
 
+        def cols(x):  # this process's rows, cut or zero-padded to the global width
+            x = x[rows, :width]
+            return np.pad(x, ((0, 0), (0, width - x.shape[1]))) if x.shape[1] < width else x
+
+        sl = lambda x: put(cols(x))  # noqa: E731
+        ids, attn, pos = (sl(x) for x in (batch.input_ids, batch.attention_mask, batch.position_ids))
+        loss_mask = sl(batch.loss_mask.astype(np.float32) * weights[:, None])
+        sampler_lp = sl(batch.model_logprobs)
+        mb = c.actor.ppo_mini_batch_size
+        n_rows = ids.shape[0]
         chunk = max(1, mb // c.actor.micro_batches)
 
         def chunked(fn, *args):  # forward passes in micro-batch rows, bounded memory
             parts = [fn(*args, ids[i:i + chunk], (attn[i:i + chunk], pos[i:i + chunk]))
-                     for i in range(0, rows.size, chunk)]
+                     for i in range(0, n_rows, chunk)]
             return jnp.concatenate(parts, 0)
 
         temp = self.ucfg.temperature
@@ -473,16 +531,16 @@ class Trainer:
 
         # ---- advantages ----
         a = c.algorithm
-        group_ids = batch.group_ids[rows]
+        scores = put(batch.scores[rows])
         adv, returns = compute_advantages(
-            a.adv_estimator, token_rewards=jnp.asarray(sl(batch.token_rewards)),
-            loss_mask=loss_mask > 0, scores=jnp.asarray(batch.scores[rows]),
-            group_ids=jnp.asarray(group_ids), num_groups=g, values=values,
-            turn_end=jnp.asarray(_turn_ends(sl(batch.loss_mask), sl(batch.turn_ids))),
+            a.adv_estimator, token_rewards=sl(batch.token_rewards),
+            loss_mask=loss_mask > 0, scores=scores,
+            group_ids=put(batch.group_ids[rows] + part.start), num_groups=g, values=values,
+            turn_end=put(_turn_ends(cols(batch.loss_mask), cols(batch.turn_ids))),
             gamma=a.gamma, lam=a.lam, norm_by_std=a.norm_adv_by_std, bi_level=a.bi_level_gae,
             high_level_gamma=a.high_level_gamma)
         metrics["critic/advantages_mean"] = float(masked_mean(adv, loss_mask > 0))
-        metrics["critic/score_mean"] = float(np.mean(batch.scores[rows]))
+        metrics["critic/score_mean"] = float(jnp.mean(scores))
 
         # ---- updates: critic, then actor ----
         t0 = time.perf_counter()
@@ -503,11 +561,11 @@ class Trainer:
                 epochs=epochs, mini_batch_size=mb)
             metrics |= am
             nnx.update(self.m.actor, self.m.params)
-            self.sampler.update(self.m.actor)
+            self._refresh_sampler()
             if am.get("actor/update_skipped", 0.0) > 0:
                 self.log(f"step {self.step + 1}: non-finite loss or gradient, update skipped")
         t["timing_s/update_actor"] = time.perf_counter() - t0
-        metrics["train/batch_size"] = float(rows.size)
+        metrics["train/batch_size"] = float(n_rows)
         return metrics | t
 
     # -- the loop ------------------------------------------------------------------------------
@@ -580,6 +638,8 @@ class Trainer:
                     self.save()
                 if self.on_step is not None:
                     self.on_step(self.step, metrics)
+                if dist.any_process(self._stop_signal is not None):  # one stops, all stop
+                    self._stop_signal = self._stop_signal or signal.SIGTERM
             if self._stop_signal is not None:
                 self.save()
                 self.log(f"stopped by signal {self._stop_signal} after step {self.step}; "
@@ -632,19 +692,21 @@ def _progress_info(m: dict[str, float], tag: str) -> str:
             f"{m.get('timing_s/step', 0):.1f} s/step")
 
 
-def setup_distributed(c: ConfigDict) -> None:
-    """``jax.distributed.initialize`` from ``config.distributed`` (no-op for one process)."""
-    d = c.distributed
-    if d.coordinator_address:
-        jax.distributed.initialize(coordinator_address=d.coordinator_address,
-                                   num_processes=d.num_processes, process_id=d.process_id)
-
-
 def run(config: ConfigDict, **kw: Any) -> dict[str, Any]:
     """Builds the run from ``config`` and trains it (DESIGN: ``ragen_jax.train.run``)."""
-    setup_distributed(config)
+    validate(config)
+    dist.initialize(config.distributed)  # a no-op if launch.py already did it
     trainer = Trainer(config, **kw)
     if trainer.is_main:
         trainer.out.mkdir(parents=True, exist_ok=True)
         (trainer.out / "config.json").write_text(config.to_json_best_effort(indent=2) + "\n")
-    return trainer.train()
+    try:
+        return trainer.train()
+    except jax.errors.JaxRuntimeError as e:
+        if not dist.multiprocess():
+            raise
+        first = str(e).strip().splitlines()[0][:300]
+        dist.abort(f"a collective failed, most likely another process of the job died (see its "
+                   f"log): {first}. Rerun every process to resume from the last complete "
+                   f"checkpoint")
+        raise

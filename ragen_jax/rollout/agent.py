@@ -311,11 +311,13 @@ class AgentRollout:
 
     def collect(self, policy: Policy, group_seeds: Sequence[int] | np.ndarray, key: jax.Array,
                 *, group_size: int | None = None, reuse_cache: bool = True,
-                sampling: SamplingParams | None = None) -> RolloutBatch:
+                sampling: SamplingParams | None = None, row_offset: int = 0) -> RolloutBatch:
         """Plays ``len(group_seeds) x group_size`` episodes and returns the batch.
 
         ``key`` drives sampling and env randomness (slips, payoffs), not the initial states,
-        which come from ``group_seeds`` only.
+        which come from ``group_seeds`` only. Each episode draws from ``key`` folded with its
+        row index plus ``row_offset``, so a process playing rows ``[offset, offset + n)`` of a
+        larger batch plays them exactly as one process playing the whole batch would.
         """
         cfg, ctx, chat = self.config, self.config.context, self.chat
         t_start = time.perf_counter()
@@ -326,6 +328,8 @@ class AgentRollout:
         n = group_ids.size
         sp = sampling or cfg.sampling()
         k_sample, k_env = jax.random.split(key)
+        row_ids = jnp.arange(n, dtype=jnp.uint32) + np.uint32(row_offset)
+        per_row = jax.vmap(jax.random.fold_in, (None, 0))
 
         t0 = time.perf_counter()
         keys = jax.vmap(jax.random.key)(jnp.asarray(seeds[group_ids], jnp.uint32))
@@ -376,7 +380,7 @@ class AgentRollout:
             else:  # baseline: the whole history plus the chunk, no cache
                 prompts = [self._history(eps[i]) + chunk_ids[i] if active[i] else []
                            for i in range(n)]
-            out = policy(prompts, key=jax.random.fold_in(k_sample, turn), params=sp,
+            out = policy(prompts, key=per_row(jax.random.fold_in(k_sample, turn), row_ids), params=sp,
                          stop_tokens=chat.stop_ids, active=active,
                          cache=cache if reuse_cache else None)
             if reuse_cache:
@@ -406,7 +410,7 @@ class AgentRollout:
 
             # ---- step the envs (device) ----
             t0 = time.perf_counter()
-            step_keys = jax.random.split(jax.random.fold_in(k_env, turn), n)
+            step_keys = per_row(jax.random.fold_in(k_env, turn), row_ids)
             res = self._step(states, self.env_params, jnp.asarray(actions), jnp.asarray(n_act),
                              step_keys)
             states = res[0]

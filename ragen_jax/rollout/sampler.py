@@ -141,7 +141,9 @@ def _filter_logits(logits, sp: SamplingParams):
 
 
 def sample_token(logits, key, sp: SamplingParams):
-    """One token per row from ``logits[B, V]``: (token, logprob, model_logprob)."""
+    """One token per row from ``logits[B, V]``: (token, logprob, model_logprob). ``key`` is
+    one key for the batch or ``[B]`` keys, one per row (a row's draw then does not depend on
+    which other rows share the batch: a multi-process rollout equals a single-process one)."""
     if sp.temperature == 0:
         lp = jax.nn.log_softmax(logits, axis=-1)
         tok = jnp.argmax(logits, axis=-1)
@@ -149,7 +151,10 @@ def sample_token(logits, key, sp: SamplingParams):
         return tok.astype(jnp.int32), chosen, chosen
     model_lp = jax.nn.log_softmax(logits / sp.temperature, axis=-1)
     x = _filter_logits(logits, sp)
-    tok = jax.random.categorical(key, x, axis=-1)
+    if key.ndim:
+        tok = jax.vmap(lambda k, row: jax.random.categorical(k, row))(key, x)
+    else:
+        tok = jax.random.categorical(key, x, axis=-1)
     samp_lp = jax.nn.log_softmax(x, axis=-1)
     pick = lambda a: jnp.take_along_axis(a, tok[:, None], axis=-1)[:, 0]  # noqa: E731
     return tok.astype(jnp.int32), pick(samp_lp), pick(model_lp)
@@ -173,7 +178,9 @@ def _generate(graphdef, state, cache, tokens, mask, stop, budget, active, key, *
 
     def body(s):
         step, cache, logits, done, lengths, out_tok, out_lp, out_mlp = s
-        tok, lp, mlp = sample_token(logits, jax.random.fold_in(key, step), sp)
+        step_key = jax.vmap(jax.random.fold_in, (0, None))(key, step) if key.ndim else \
+            jax.random.fold_in(key, step)
+        tok, lp, mlp = sample_token(logits, step_key, sp)
         emit = ~done  # [B]
         tok = jnp.where(emit, tok, pad_id)
         out_tok = out_tok.at[:, step].set(tok)
@@ -241,7 +248,8 @@ class Sampler:
         Args:
           prompts: list of token lists, or a ``[B, T]`` array with ``mask`` (the new chunk
             only, when continuing a cache). Every active row needs at least one real token.
-          key: PRNG key; the same key, inputs and params give the same output.
+          key: PRNG key, or ``[B]`` keys (one per row: a row's tokens then depend only on its
+            own key, prompt and cache); the same keys, inputs and params give the same output.
           stop_tokens: ids that end a sequence (the stop token is emitted and counted), shared
             ``[K]`` or per sequence ``[B, K]`` (pad with -1).
           max_new: optional per-sequence token budgets ``[B]`` (<= ``params.max_new_tokens``).

@@ -1,0 +1,167 @@
+"""Multi-process runs on JAX's own distributed runtime (``jax.distributed`` + a global mesh).
+
+One process per host (or per GPU), each driving its local devices. Parameters and the update
+batch live on the global mesh; rollouts are process-local: every process plays its share of
+the env groups with a replica of the policy on its own devices, and feeds only its rows to the
+update (``jax.make_array_from_process_local_data``). Small host values (group scores, metrics,
+stop flags) are exchanged with ``multihost_utils.process_allgather``. With one process every
+function here is the identity or the single-process path.
+
+Failure handling: a process that never joins, or one that dies mid-run, ends the others within
+``distributed.initialization_timeout_s`` / ``heartbeat_timeout_s`` (JAX's coordination service
+terminates them); the watchdog here only puts a clear line before JAX's own message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from ragen_jax.sharding import AXES
+
+
+def initialize(d: Any) -> None:
+    """``jax.distributed.initialize`` from ``config.distributed`` (no-op for one process, or
+    when already initialized). Must run before anything starts JAX's backend: importing
+    ``ragen_jax.train`` does (gymnax builds arrays at import), so ``launch.py`` calls this first.
+    Raises ``ValueError`` naming a bad field."""
+    if not d.coordinator_address or d.num_processes <= 1 or jax.distributed.is_initialized():
+        return
+    if not 0 <= d.process_id < d.num_processes:
+        raise ValueError(f"distributed.process_id must be in [0, num_processes="
+                         f"{d.num_processes}), got {d.process_id}")
+    if jax.config.jax_platforms in (None, "", "cpu") and os.environ.get("JAX_PLATFORMS", "cpu") == "cpu":
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # cross-process on CPU
+    timeout = int(d.initialization_timeout_s)
+    done = threading.Event()
+
+    def watchdog():
+        if not done.wait(timeout):
+            print(f"distributed: process {d.process_id}: the job did not assemble within "
+                  f"{timeout} s ({d.num_processes} processes at {d.coordinator_address}); "
+                  f"start every process with the same coordinator_address and num_processes",
+                  file=sys.stderr, flush=True)
+            os._exit(3)  # jax.process_index() is not available before the runtime is up
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    jax.distributed.initialize(coordinator_address=d.coordinator_address,
+                               num_processes=d.num_processes, process_id=d.process_id,
+                               initialization_timeout=timeout + 10,
+                               heartbeat_timeout_seconds=int(d.heartbeat_timeout_s))
+    done.set()
+
+
+def abort(message: str, code: int = 1) -> None:
+    """Ends this process at once with a one-line reason (a normal exit would wait on the
+    runtime's shutdown barrier for processes that are gone)."""
+    print(f"distributed: process {jax.process_index()}: {message}", file=sys.stderr, flush=True)
+    os._exit(code)
+
+
+def multiprocess() -> bool:
+    return jax.process_count() > 1
+
+
+def share(n: int, what: str = "items") -> slice:
+    """This process's contiguous share of ``n`` items (``n`` must divide evenly)."""
+    p, k = jax.process_index(), jax.process_count()
+    if n % k:
+        raise ValueError(f"{what}: {n} does not split evenly over {k} processes")
+    return slice(p * n // k, (p + 1) * n // k)
+
+
+def local_mesh(mesh: Mesh) -> Mesh:
+    """The mesh of this process's devices (the whole ``mesh`` with one process): the data
+    axis takes every local device the tensor axis leaves."""
+    if not multiprocess():
+        return mesh
+    devices = jax.local_devices()
+    tensor = mesh.shape["tensor"]
+    if len(devices) % tensor:
+        raise ValueError(f"mesh.tensor: {tensor} does not divide the {len(devices)} local devices")
+    return Mesh(np.array(devices).reshape(len(devices) // tensor, 1, tensor), AXES)
+
+
+def global_rows(x: np.ndarray, mesh: Mesh) -> jax.Array:
+    """A global array whose leading axis (over ``("data", "fsdp")``) is the concatenation of
+    every process's local rows ``x`` (processes in order)."""
+    sharding = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+    if not multiprocess():
+        return jax.device_put(x, sharding)
+    return jax.make_array_from_process_local_data(sharding, np.asarray(x))
+
+
+def allgather(x: Any) -> np.ndarray:
+    """Host values of every process, stacked on a new leading axis ``[P, ...]``."""
+    x = np.asarray(x)
+    if not multiprocess():
+        return x[None]
+    return np.asarray(multihost_utils.process_allgather(x))
+
+
+def allgather_json(obj: Any) -> list[Any]:
+    """Every process's JSON-able ``obj``, in process order."""
+    if not multiprocess():
+        return [obj]
+    data = np.frombuffer(json.dumps(obj, sort_keys=True).encode(), np.uint8)
+    sizes = allgather(np.int64(data.size))
+    buf = np.zeros(int(sizes.max()), np.uint8)
+    buf[: data.size] = data
+    return [json.loads(bytes(row[:n])) for row, n in zip(allgather(buf), sizes, strict=True)]
+
+
+def mean_metrics(metrics: dict[str, float], summed: tuple[str, ...] = ()) -> dict[str, float]:
+    """Each metric averaged over the processes that report it, or summed for the keys in
+    ``summed`` (counts). Every process plays the same number of episodes, so per-episode
+    means are exact; maxima become means of maxima."""
+    if not multiprocess():
+        return metrics
+    merged: dict[str, list[float]] = {}
+    for m in allgather_json({k: float(v) for k, v in metrics.items()}):
+        for k, v in m.items():
+            merged.setdefault(k, []).append(v)
+    return {k: float(np.sum(v) if k in summed else np.mean(v)) for k, v in sorted(merged.items())}
+
+
+def any_process(flag: bool) -> bool:
+    """True on every process when ``flag`` is true on any (e.g. a stop signal)."""
+    return bool(allgather(np.bool_(flag)).any()) if multiprocess() else bool(flag)
+
+
+def local_replica(model: nnx.Module, mesh: Mesh, local: Mesh) -> nnx.Module:
+    """A copy of ``model`` (on the global ``mesh``) whose parameters live on this process's
+    devices (``local``, from ``local_mesh``): the policy a process samples with. One all-gather
+    per call; with one process, ``model`` itself."""
+    if not multiprocess():
+        return model
+    from ragen_jax.models.qwen import shard_model
+
+    graphdef, state = nnx.split(model)
+    leaves, treedef = jax.tree.flatten(state)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    full = jax.jit(lambda xs: xs, out_shardings=[replicated] * len(leaves))(leaves)
+    copy = nnx.merge(graphdef, jax.tree.unflatten(treedef, [x.addressable_data(0) for x in full]))
+    return shard_model(copy, local)
+
+
+def on_mesh(tree: Any, mesh: Mesh) -> Any:
+    """Leaves not yet on ``mesh`` (an optimizer's step count lands on one device) replicated
+    over it, so that every leaf is a global array (orbax saves those from every process)."""
+    devices = set(mesh.devices.flat)
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def place(x):
+        if isinstance(x, jax.Array) and x.sharding.device_set != devices:
+            return jax.device_put(np.asarray(x), replicated)
+        return x
+
+    return jax.tree.map(place, tree)
