@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
-PRESETS = ("tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b")
+PRESETS = ("tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b")
 
 
 def get_config(preset: str = "tiny") -> ConfigDict:
@@ -138,7 +138,7 @@ def get_config(preset: str = "tiny") -> ConfigDict:
     c.mesh.tensor = 1  # tensor-parallel axis
 
     c.distributed = ConfigDict()
-    c.distributed.coordinator_address = ""  # "host:port" of process 0; "" = single process
+    c.distributed.coordinator_address = ""  # "host:port" of process 0; "auto" (TPU pod, SLURM); "" = one process
     c.distributed.num_processes = 1  # processes in the job
     c.distributed.process_id = 0  # this process's index
     c.distributed.initialization_timeout_s = 300  # give up if the job has not assembled by then

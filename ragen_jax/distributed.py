@@ -34,9 +34,10 @@ def initialize(d: Any) -> None:
     when already initialized). Must run before anything starts JAX's backend: importing
     ``ragen_jax.train`` does (gymnax builds arrays at import), so ``launch.py`` calls this first.
     Raises ``ValueError`` naming a bad field."""
-    if not d.coordinator_address or d.num_processes <= 1 or jax.distributed.is_initialized():
+    if jax.distributed.is_initialized() or not d.coordinator_address or (
+            d.num_processes <= 1 and d.coordinator_address != "auto"):
         return
-    if not 0 <= d.process_id < d.num_processes:
+    if d.coordinator_address != "auto" and not 0 <= d.process_id < d.num_processes:
         raise ValueError(f"distributed.process_id must be in [0, num_processes="
                          f"{d.num_processes}), got {d.process_id}")
     if jax.config.jax_platforms in (None, "", "cpu") and os.environ.get("JAX_PLATFORMS", "cpu") == "cpu":
@@ -53,8 +54,10 @@ def initialize(d: Any) -> None:
             os._exit(3)  # jax.process_index() is not available before the runtime is up
 
     threading.Thread(target=watchdog, daemon=True).start()
-    jax.distributed.initialize(coordinator_address=d.coordinator_address,
-                               num_processes=d.num_processes, process_id=d.process_id,
+    auto = d.coordinator_address == "auto"  # TPU pods, SLURM, ...: JAX finds the cluster
+    jax.distributed.initialize(coordinator_address=None if auto else d.coordinator_address,
+                               num_processes=None if auto else d.num_processes,
+                               process_id=None if auto else d.process_id,
                                initialization_timeout=timeout + 10,
                                heartbeat_timeout_seconds=int(d.heartbeat_timeout_s))
     done.set()

@@ -31,33 +31,46 @@ from ragen_jax.starpo.update import token_logprobs
 def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutConfig,
                    episodes: int, seed: int) -> dict[str, np.ndarray]:
     """Token arrays (``input_ids``, ``attention_mask``, ``position_ids``, ``loss_mask``) of
-    ``episodes`` single-env groups answered with random valid actions."""
+    about ``episodes`` episodes answered with random valid actions.
+
+    The warm-start must teach the format and no preference: episodes come in groups that
+    share an initial state, one per valid action, and each answers its first turn with a
+    different action first (later actions and turns are random). Without this balance a
+    small model memorizes the sampling noise of a few episodes per prompt (on Bandit it
+    started out certain of the wrong arm on some pairs, which RL then cannot undo)."""
     rng = np.random.default_rng(seed)
     rollout = AgentRollout(env, env_params, tokenizer, config)
     chat, ctx = rollout.chat, config.context
-    group_seeds = 2**30 + seed * 100_003 + np.arange(episodes)  # far from train/val seeds
-    keys = jax.vmap(jax.random.key)(jnp.asarray(group_seeds, jnp.uint32))
+    _, first = rollout._reset(jax.random.key(0)[None], env_params)
+    n_actions = len(env.action_names_for(jax.tree.map(lambda x: x[0], jax.device_get(first))))
+    groups = max(1, episodes // n_actions)
+    group_seeds = 2**30 + seed * 100_003 + np.arange(groups)  # far from train/val seeds
+    keys = jax.vmap(jax.random.key)(jnp.asarray(np.repeat(group_seeds, n_actions), jnp.uint32))
     _, states = rollout._reset(keys, env_params)
     host = jax.device_get(states)
     names = [tuple(env.action_names_for(jax.tree.map(lambda x, i=i: x[i], host)))
-             for i in range(episodes)]
+             for i in range(groups * n_actions)]
     think = "</think>" if ctx.enable_think else ""
     open_answer = "<answer>" if ctx.enable_think or not ctx.prefill_tag else ""
     if not ctx.prefill_tag and ctx.enable_think:
         think = "<think></think>"
 
-    def script(row: int, _call: int, _prompt: list[int]) -> list[int]:
+    def script(row: int, call: int, _prompt: list[int]) -> list[int]:
         k = int(rng.integers(1, ctx.max_actions_per_turn + 1))
-        acts = [names[row][int(a)] for a in rng.integers(0, len(names[row]), size=k)]
+        picks = rng.integers(0, len(names[row]), size=k)
+        if call == 0:  # the group's rows open with every action once
+            picks[0] = row % n_actions
+        acts = [names[row][int(a)] for a in picks]
         text = f"{think}{open_answer}{f' {ctx.action_sep} '.join(acts)}</answer>"
         return tokenizer(text, add_special_tokens=False)["input_ids"] + [chat.eot_id]
 
     policy = ScriptedPolicy(script, pad_id=chat.pad_id)
-    batch = rollout.collect(policy, group_seeds, jax.random.key(seed), group_size=1)
+    batch = rollout.collect(policy, group_seeds, jax.random.key(seed), group_size=n_actions)
     if batch.metrics[f"{rollout.tag}/format_error_rate"] > 0:
         raise AssertionError("warm-start answers do not parse; the chat format changed?")
     return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
-            "position_ids": batch.position_ids, "loss_mask": batch.loss_mask}
+            "position_ids": batch.position_ids, "loss_mask": batch.loss_mask,
+            "group_ids": batch.group_ids}
 
 
 def conversation_data(path: str | os.PathLike, tokenizer: Any, *, max_len: int,
@@ -123,7 +136,9 @@ def train_sft(model: Any, data: dict[str, np.ndarray], *, steps: int, batch_size
               seed: int, trainable: Any = nnx.Param, log: Any = None) -> list[float]:
     """``steps`` AdamW steps on random mini-batches of ``data``; updates ``model`` in place
     and returns the loss per step. ``trainable`` is the NNX filter of trained variables
-    (``nnx.LoRAParam`` with adapters)."""
+    (``nnx.LoRAParam`` with adapters). With ``data["group_ids"]`` (rows of a group
+    contiguous, equal sizes) mini-batches take whole groups: the warm-start's answers to one
+    prompt then meet in one gradient, whose preference terms cancel."""
     graphdef, params, rest = nnx.split(model, trainable, ...)
     optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(lr, weight_decay=0.0))
     opt_state = optimizer.init(params)
@@ -135,12 +150,17 @@ def train_sft(model: Any, data: dict[str, np.ndarray], *, steps: int, batch_size
         return optax.apply_updates(params, updates), opt_state, loss
 
     rng = np.random.default_rng(seed)
+    groups = data.get("group_ids")
+    data = {k: v for k, v in data.items() if k != "group_ids"}
     n = data["input_ids"].shape[0]
+    size = 1 if groups is None else n // (int(groups.max()) + 1)
     # Trim the common padding so the step compiles for the data's real width only.
     width = int(data["attention_mask"].any(0).nonzero()[0].max()) + 1
     losses = []
     for i in range(steps):
-        idx = rng.choice(n, size=min(batch_size, n), replace=n < batch_size)
+        k = max(1, batch_size // size)
+        idx = rng.choice(n // size, size=min(k, n // size), replace=False)
+        idx = (idx[:, None] * size + np.arange(size)).reshape(-1)
         batch = {k: jnp.asarray(v[idx, :width]) for k, v in data.items()}
         params, opt_state, loss = step(params, opt_state, batch)
         losses.append(float(loss))

@@ -131,7 +131,7 @@ def validate(c: ConfigDict) -> None:
     if c.actor.ppo_mini_batch_size < 1 or c.actor.ppo_epochs < 1:
         raise ConfigError("actor.ppo_mini_batch_size and actor.ppo_epochs must be >= 1")
     d = c.distributed
-    if d.coordinator_address:
+    if d.coordinator_address and d.coordinator_address != "auto":
         for name in ("env_groups", "val_groups"):
             if c.rollout[name] % d.num_processes:
                 raise ConfigError(f"rollout.{name}={c.rollout[name]} must be a multiple of "

@@ -77,6 +77,20 @@ def test_warmstart_answers_are_random_valid_actions_in_the_rollout_format(tok, t
     assert len(answers) > 4  # random, not one fixed answer
 
 
+def test_warmstart_answers_every_prompt_with_every_action_first(tok):
+    """No preference is taught: the episodes of one initial state open with each action once."""
+    env, params = make("bandit")
+    cfg = RolloutConfig(max_turn=1, max_actions_per_traj=1, response_length=16,
+                        context=ContextConfig(enable_think=False, max_actions_per_turn=1))
+    data = warmstart_data(env, params, tok, cfg, episodes=32, seed=0)
+    ids, mask = data["input_ids"], data["loss_mask"]
+    assert ids.shape[0] == 32
+    for g in range(16):  # rows 2g and 2g+1 share the prompt and answer with different arms
+        a, b = (tok.decode(ids[r][mask[r]].tolist()) for r in (2 * g, 2 * g + 1))
+        prompt = [ids[r][: int(np.argmax(mask[r]))].tolist() for r in (2 * g, 2 * g + 1)]
+        assert prompt[0] == prompt[1] and a != b, (a, b)
+
+
 def test_train_sft_lowers_the_loss_and_updates_the_model(tok):
     env, params = make("bandit")
     cfg = RolloutConfig(max_turn=1, max_actions_per_traj=1, response_length=16,

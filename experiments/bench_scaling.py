@@ -1,0 +1,254 @@
+"""Scaling: weak scaling of the update over simulated devices, and per-device memory for 0.5B-7B.
+
+Part 1 (runs; one subprocess per device count, ``--xla_force_host_platform_device_count``):
+the tiny actor's jitted train step with the same per-device batch on 1, 2, 4 and 8 simulated
+CPU devices (data-parallel mesh). These devices share this machine's cores, so the ideal is
+*constant total tokens/s* (the work grows with the device count, the cores do not); a host
+bottleneck that grows with the device count (dispatch, batch placement) would show as falling
+tokens/s. The host time to place the global batch (``ragen_jax.distributed.global_rows``) and
+to dispatch the step are reported apart.
+
+Part 2 (compile only, 8 simulated devices, nothing allocated): per-device memory from XLA's
+memory analysis for Qwen2.5-0.5B/1.5B/3B/7B shapes in bf16: the actor train step (AdamW,
+batch over ("data", "fsdp")) and the sampler (prefill + 64 decode steps with the KV cache)
+on a one-host mesh, as each process samples with its local replica.
+
+    PYTHONPATH=. python experiments/bench_scaling.py [--quick] [--skip-memory]
+
+Writes ``experiments/results/bench_scaling.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments"))
+GiB = 2**30
+SHAPES_1_5B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                   num_attention_heads=12, num_key_value_heads=2, head_dim=128,
+                   vocab_size=151936, tie_word_embeddings=True)  # Qwen2.5-1.5B config.json
+
+
+def weak_scaling_child(devices: int, per_device: int, length: int, repeats: int) -> dict:
+    """Runs in a process with ``devices`` simulated devices."""
+    import jax
+    import numpy as np
+    from bench_update import model_config
+    from flax import nnx
+
+    from ragen_jax import distributed as dist
+    from ragen_jax.models import Qwen2ForCausalLM
+    from ragen_jax.models.qwen import shard_model
+    from ragen_jax.sharding import make_mesh
+    from ragen_jax.starpo.update import TrainBatch, UpdateConfig, make_optimizer, make_train_step
+
+    assert jax.device_count() == devices, jax.devices()
+    mesh = make_mesh((devices, 1, 1))
+    cfg = model_config("tiny")
+    model = shard_model(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), mesh)
+    ucfg = UpdateConfig(lr=1e-5)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    opt = make_optimizer(ucfg)
+    opt_state = dist.on_mesh(opt.init(params), mesh)
+    step = make_train_step(graphdef, ucfg, opt, mesh=mesh)
+    rng = np.random.default_rng(0)
+    b = per_device * devices
+    host = dict(ids=rng.integers(0, cfg.vocab_size, (b, length), dtype=np.int32),
+                attn=np.ones((b, length), bool),
+                pos=np.broadcast_to(np.arange(length, dtype=np.int32), (b, length)).copy(),
+                mask=np.ones((b, length), np.float32), lp=-np.ones((b, length), np.float32),
+                adv=rng.standard_normal((b, length)).astype(np.float32))
+
+    def place():
+        g = {k: dist.global_rows(v, mesh) for k, v in host.items()}
+        return TrainBatch(g["ids"], g["attn"], g["pos"], g["mask"], g["lp"], g["adv"], g["lp"])
+
+    batch = place()
+    t0 = time.perf_counter()
+    params, opt_state, m = step(params, rest, opt_state, batch)
+    jax.block_until_ready(params)
+    compile_s = time.perf_counter() - t0
+    place_s, dispatch_s, step_s = [], [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        batch = place()
+        jax.block_until_ready(batch)
+        t1 = time.perf_counter()
+        params, opt_state, m = step(params, rest, opt_state, batch)
+        t2 = time.perf_counter()
+        jax.block_until_ready((params, m))
+        t3 = time.perf_counter()
+        place_s.append(t1 - t0)
+        dispatch_s.append(t2 - t1)
+        step_s.append(t3 - t1)
+    med = lambda xs: float(np.median(xs))  # noqa: E731
+    return dict(devices=devices, batch=b, length=length, compile_s=compile_s, place_s=med(place_s),
+                dispatch_s=med(dispatch_s), step_s=med(step_s),
+                tokens_per_s=b * length / med(step_s), loss=float(m["actor/pg_loss"]))
+
+
+def run_weak_scaling(quick: bool) -> list[str]:
+    counts = [1, 2] if quick else [1, 2, 4, 8]
+    per_device, length, repeats = (2, 128, 2) if quick else (4, 256, 5)
+    rows = ["| devices | global batch x length | step s | tokens/s | tokens/s vs 1 device | "
+            "batch placement s | step dispatch s | compile s |", "|---|---|---|---|---|---|---|---|"]
+    base = None
+    for n in counts:
+        code = (f"import json, sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'experiments')!r}]\n"
+                f"from bench_scaling import weak_scaling_child\n"
+                f"print('RESULT ' + json.dumps(weak_scaling_child({n}, {per_device}, {length}, {repeats})))")
+        env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}",
+               "JAX_PLATFORMS": "cpu"}
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=env, timeout=1800)
+        line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+        if not line:
+            rows.append(f"| {n} | failed: {proc.stderr[-300:]!r} | | | | | | |")
+            continue
+        r = json.loads(line[0][7:])
+        base = base or r["tokens_per_s"]
+        rows.append(f"| {n} | {r['batch']} x {r['length']} | {r['step_s']:.3f} | "
+                    f"{r['tokens_per_s']:,.0f} | {r['tokens_per_s'] / base:.2f} | "
+                    f"{r['place_s']:.4f} | {r['dispatch_s']:.4f} | {r['compile_s']:.1f} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
+_MEMORY = r"""
+import json, sys, time
+import jax
+import jax.numpy as jnp
+from flax import nnx
+sys.path[:0] = [ROOT, ROOT + "/experiments"]
+from bench_update import _batch, model_config
+from bench_scaling import SHAPES_1_5B
+from ragen_jax.models import KVCache, Qwen2ForCausalLM, QwenConfig
+from ragen_jax.models.qwen import param_shardings
+from ragen_jax.rollout.sampler import SamplingParams, _generate
+from ragen_jax.sharding import batch_sharding, make_mesh
+from ragen_jax.starpo.update import UpdateConfig, make_optimizer, make_train_step
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+def config(name):
+    kw = dict(param_dtype=jnp.bfloat16, dtype=jnp.bfloat16)
+    if name == "1.5b":
+        return QwenConfig.tiny(**SHAPES_1_5B, rope_theta=1e6, **kw)
+    return model_config(name, **kw)
+
+def abstract_model(cfg, mesh, trainable=nnx.Param):
+    abstract = nnx.eval_shape(lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)))
+    abstract.model.activation_sharding = batch_sharding(mesh)
+    graphdef, params, rest = nnx.split(abstract, trainable, ...)
+    shard = lambda s: jax.tree.map(lambda v, sh: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sh), s,
+                                   param_shardings(s, mesh), is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return graphdef, shard(params), rest
+
+for kind, name, mesh_shape, batch, length in CASES:
+    cfg = config(name)
+    mesh = make_mesh(mesh_shape, jax.devices()[: mesh_shape[0] * mesh_shape[1] * mesh_shape[2]])
+    start = time.perf_counter()
+    try:
+        if kind == "train":
+            graphdef, params, rest = abstract_model(cfg, mesh)
+            ucfg = UpdateConfig(micro_batches=1)
+            opt = make_optimizer(ucfg)
+            opt_state = jax.eval_shape(opt.init, params)
+            data = _batch(batch, length, cfg.vocab_size, batch_sharding(mesh))
+            compiled = make_train_step(graphdef, ucfg, opt).lower(params, rest, opt_state, data).compile()
+        else:
+            graphdef, state = nnx.split(nnx.eval_shape(lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))))
+            state = jax.tree.map(lambda v, sh: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sh), state,
+                                 param_shardings(state, mesh), is_leaf=lambda x: isinstance(x, nnx.Variable))
+            new = 64
+            rows = NamedSharding(mesh, P(("data", "fsdp")))
+            cache = jax.eval_shape(lambda: KVCache.init(cfg, batch, length + new))
+            cache = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                 sharding=rows if x.ndim else NamedSharding(mesh, P())), cache)
+            arr = lambda shape, dt, sh=rows: jax.ShapeDtypeStruct(shape, dt, sharding=sh)
+            key = jax.eval_shape(lambda: jax.random.key(0))
+            compiled = _generate.lower(graphdef, state, cache, arr((batch, length), jnp.int32),
+                                       arr((batch, length), bool), arr((batch, 1), jnp.int32),
+                                       arr((batch,), jnp.int32), arr((batch,), bool), key,
+                                       sp=SamplingParams(max_new_tokens=new, temperature=1.0),
+                                       pad_id=0).compile()
+        mem = compiled.memory_analysis()
+        res = dict(args=mem.argument_size_in_bytes, temp=mem.temp_size_in_bytes, out=mem.output_size_in_bytes)
+    except Exception as e:  # report, do not hide
+        res = dict(error=f"{type(e).__name__}: {str(e)[:200]}")
+    res.update(kind=kind, name=name, mesh=list(mesh_shape), batch=batch, length=length,
+               compile_s=time.perf_counter() - start)
+    print("RESULT " + json.dumps(res), flush=True)
+"""
+
+# (kind, model, mesh (data, fsdp, tensor), global batch, length): one 8-device host.
+MEMORY_CASES = [
+    ("train", "0.5b", (1, 8, 1), 16, 1024), ("sample", "0.5b", (8, 1, 1), 128, 1024),
+    ("train", "1.5b", (1, 8, 1), 16, 1024), ("sample", "1.5b", (8, 1, 1), 128, 1024),
+    ("train", "3b", (1, 8, 1), 16, 1024), ("sample", "3b", (4, 1, 2), 128, 1024),
+    ("train", "7b", (1, 8, 1), 16, 1024), ("sample", "7b", (2, 1, 4), 128, 1024),
+]
+
+
+def run_memory(quick: bool) -> list[str]:
+    cases = MEMORY_CASES[:2] if quick else MEMORY_CASES
+    code = f"ROOT = {str(ROOT)!r}\nCASES = {cases!r}\n" + _MEMORY
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=3000,
+                          env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+                               "JAX_PLATFORMS": "cpu"})
+    rows = ["| what | model (bf16) | mesh (data, fsdp, tensor) | global batch x length | "
+            "per-device arguments GiB | per-device temp GiB | per-device total GiB | compile s |",
+            "|---|---|---|---|---|---|---|---|"]
+    for line in proc.stdout.splitlines():
+        if not line.startswith("RESULT "):
+            continue
+        r = json.loads(line[7:])
+        head = f"| {r['kind']} | {r['name']} | {tuple(r['mesh'])} | {r['batch']} x {r['length']} |"
+        if "error" in r:
+            rows.append(f"{head} {r['error']} | | | |")
+        else:
+            total = r["args"] + r["temp"]
+            rows.append(f"{head} {r['args'] / GiB:.2f} | {r['temp'] / GiB:.2f} | {total / GiB:.2f} | "
+                        f"{r['compile_s']:.0f} |")
+        print(rows[-1], flush=True)
+    if proc.returncode != 0:
+        rows.append(f"\n(subprocess exited {proc.returncode}: {proc.stderr[-500:]!r})")
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--skip-memory", action="store_true")
+    args = ap.parse_args()
+    import jax
+
+    lines = [f"# bench_scaling (jax {jax.__version__}, {os.cpu_count()} CPU cores)", "",
+             "## Weak scaling of the actor update (tiny, float32, same batch per device)", "",
+             "Simulated devices share this machine's cores: the ideal is constant total tokens/s. "
+             "Placement = building the global batch from host rows; dispatch = returning from the "
+             "jitted call (host work per step).", ""]
+    lines += run_weak_scaling(args.quick)
+    if not args.skip_memory:
+        lines += ["", "## Per-device memory, compile only (8 simulated devices = one host)", "",
+                  "XLA:CPU's memory analysis of the compiled programs: arguments (parameters, AdamW "
+                  "state and batch for train; parameters and KV cache for sample) and temporaries. "
+                  "Train: bf16 parameters with AdamW moments in the parameter dtype (optax's "
+                  "default), one micro-batch, no rematerialization; sample: prefill of "
+                  "1024 tokens + 64 decode steps. XLA:CPU does not rematerialize like XLA:TPU/GPU "
+                  "do; treat temp as an upper bound.", ""]
+        lines += run_memory(args.quick)
+    out = ROOT / "experiments/results/bench_scaling.md"
+    out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
