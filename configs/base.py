@@ -116,8 +116,11 @@ def get_config(preset: str = "tiny") -> ConfigDict:
 
     c.diagnostics = ConfigDict()
     c.diagnostics.compute_freq = 5  # collapse diagnostics every k steps, 0 = off (RAGEN: 5)
-    c.diagnostics.num_samples = 64  # episodes whose first response is scored (RAGEN: 64)
-    c.diagnostics.ema = 0.9  # EMA decay of the MI z-score
+    c.diagnostics.num_samples = 64  # pairs per kind: first-turn episodes, trajectory-uniform turns (RAGEN: 64)
+    c.diagnostics.micro_batch_size = 128  # rows per cross-scoring forward pass (RAGEN: 128)
+    c.diagnostics.ema = 0.9  # EMA decay of the MI z-score (one EMA per pair kind)
+    c.diagnostics.gradient_analysis = False  # per-component grad norms by reward-std bucket, every compute_freq steps (costly)
+    c.diagnostics.gradient_buckets = 3  # reward-std buckets of groups for it (RAGEN: 4-6)
 
     c.trainer = ConfigDict()
     c.trainer.output_dir = ""  # run folder; "" = runs/<env>-<preset>

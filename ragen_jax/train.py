@@ -50,8 +50,16 @@ from ragen_jax.rollout.context import ContextConfig
 from ragen_jax.rollout.sampler import Sampler
 from ragen_jax.sharding import make_mesh, shard_batch
 from ragen_jax.starpo import advantages as adv_lib
-from ragen_jax.starpo.diagnostics import collapse_metrics, cross_scores, first_turn_pairs
+from ragen_jax.starpo.diagnostics import (
+    collapse_metrics,
+    cross_scores,
+    first_turn_pairs,
+    first_turn_validity,
+    prompt_labels,
+    trajectory_uniform_pairs,
+)
 from ragen_jax.starpo.filtering import FilterConfig, filter_groups
+from ragen_jax.starpo.gradient_analysis import make_gradient_analysis, reward_std_buckets
 from ragen_jax.starpo.losses import masked_mean
 from ragen_jax.starpo.update import (
     CriticBatch,
@@ -130,6 +138,8 @@ def validate(c: ConfigDict) -> None:
             raise ConfigError(f"trainer.{name} must be >= 1, got {c.trainer[name]}")
     if c.actor.ppo_mini_batch_size < 1 or c.actor.ppo_epochs < 1:
         raise ConfigError("actor.ppo_mini_batch_size and actor.ppo_epochs must be >= 1")
+    if c.diagnostics.gradient_buckets < 1 or c.diagnostics.micro_batch_size < 1:
+        raise ConfigError("diagnostics.gradient_buckets and diagnostics.micro_batch_size must be >= 1")
     d = c.distributed
     if d.coordinator_address and d.coordinator_address != "auto":
         for name in ("env_groups", "val_groups"):
@@ -310,6 +320,7 @@ class Trainer:
         self.store = CheckpointStore(self.out / "checkpoints", keep=c.trainer.keep_checkpoints)
         self._stop_signal: int | None = None
         self.logger: MetricsLogger | None = None
+        self._grad_analysis: dict[tuple[int, int], Callable] = {}  # by (buckets, micro-batches)
 
     # -- state <-> checkpoint ------------------------------------------------------------------
 
@@ -422,31 +433,81 @@ class Trainer:
         return np.concatenate([rows, extra]), w
 
     def diagnose(self, batch: RolloutBatch) -> dict[str, float]:
-        """RAGEN V2's collapse diagnostics on first-turn pairs (``collapse/first_turn/*``),
-        from the rollout batch before filtering, with the policy that sampled it."""
+        """RAGEN V2's collapse diagnostics from the rollout batch before filtering, with the
+        policy that sampled it: first-turn pairs (``collapse_first_turn_sample/*``),
+        trajectory-uniform pairs (``collapse_trajectory_sample/*``) and the first turns'
+        format validity (``collapse/first_turn_{num_total,num_valid,valid_rate}``)."""
         d = self.c.diagnostics
+        per_process = d.num_samples // jax.process_count()
         rng = np.random.default_rng([self.c.seed, self.step, 1])
-        inputs, reasonings, column = first_turn_pairs(batch.input_ids, batch.loss_mask,
-                                                      batch.turn_ids, batch.group_ids,
-                                                      d.num_samples // jax.process_count(), rng)
-        if dist.multiprocess():  # every process scores every process's pairs
-            parts = dist.allgather_json([inputs, reasonings, column.tolist()])
+        first = first_turn_pairs(batch.input_ids, batch.loss_mask, batch.turn_ids,
+                                 batch.group_ids, per_process, rng)[:3]
+        rng = np.random.default_rng([self.c.seed, self.step, 2, jax.process_index()])
+        traj = trajectory_uniform_pairs(batch.input_ids, batch.loss_mask, batch.turn_ids,
+                                        per_process, rng)[:3]
+        counts = first_turn_validity(batch.trajectories)
+        parts = dist.allgather_json([[x[0], x[1], x[2].tolist()] for x in (first, traj)] + [counts])
+        out: dict[str, float] = {}
+        for i, kind in enumerate(("first_turn_sample", "trajectory_sample")):
             inputs, reasonings, cols = [], [], []
-            for xs, zs, cs in parts:
+            for part in parts:  # every process scores every process's pairs
+                xs, zs, cs = part[i]
                 cols += [col + len(inputs) for col in cs]
                 inputs, reasonings = inputs + xs, reasonings + zs
-            column = np.asarray(cols, np.int32)
+            out |= self._collapse(kind, inputs, reasonings, np.asarray(cols, np.int32))
+        total, valid = (sum(p[2][k] for p in parts) for k in (0, 1))
+        out |= {"collapse/first_turn_num_total": float(total),
+                "collapse/first_turn_num_valid": float(valid),
+                "collapse/first_turn_valid_rate": valid / total if total else 0.0}
+        return out
+
+    def _collapse(self, kind: str, inputs: list[list[int]], reasonings: list[list[int]],
+                  column: np.ndarray) -> dict[str, float]:
+        """``collapse_<kind>/*``: the MI metrics of one set of pairs (sequence sums, plus
+        per-token means of the entropies and MI) and the z-score's EMA, kept in ``self.meta``
+        (so in checkpoints) per kind. Identical prompts share a label. Empty under 2 inputs."""
         if len(inputs) < 2:
             return {}
-        per_token, per_seq = cross_scores(self.policy, inputs, reasonings)
-        out = {f"collapse/first_turn/{k}": v for k, v in collapse_metrics(per_seq, column).items()}
-        tok = collapse_metrics(per_token, column)
+        d, prefix = self.c.diagnostics, f"collapse_{kind}/"
+        labels = prompt_labels(inputs)
+        per_token, per_seq = cross_scores(self.policy, inputs, reasonings, d.micro_batch_size)
+        out = {prefix + k: v for k, v in collapse_metrics(per_seq, column, labels).items()}
+        tok = collapse_metrics(per_token, column, labels)
         for k in ("conditional_entropy_est", "reasoning_entropy_est", "mi_estimate"):
-            out[f"collapse/first_turn/per_token/{k}"] = tok[k]
-        z = out["collapse/first_turn/mi_zscore"]
-        prev = self.meta.get("mi_zscore_ema")
-        self.meta["mi_zscore_ema"] = z if prev is None else d.ema * prev + (1 - d.ema) * z
-        out["collapse/first_turn/mi_zscore_ema"] = self.meta["mi_zscore_ema"]
+            out[f"{prefix}per_token/{k}"] = tok[k]
+        z, key = out[prefix + "mi_zscore"], f"mi_zscore_ema/{kind}"
+        prev = self.meta.get(key)
+        self.meta[key] = z if prev is None else d.ema * prev + (1 - d.ema) * z
+        out[prefix + "mi_zscore_ema"] = self.meta[key]
+        return out
+
+    def gradient_analysis(self, tb: TrainBatch, scores: np.ndarray, group_ids: np.ndarray
+                          ) -> dict[str, float]:
+        """``collapse_grad/*``: the gradient norm of each actor-loss component on the whole
+        update batch ``tb`` and on each reward-std bucket of groups, without stepping the
+        optimizer (``starpo.gradient_analysis``). ``scores [B_local]`` are this process's
+        rollout scores (before filtering), ``group_ids`` its update rows' global group ids;
+        the buckets rank every process's groups by reward std."""
+        d, g, s = self.c.diagnostics, self.rcfg.env_groups, self.rcfg.group_size
+        bucket, mean_std = reward_std_buckets(dist.allgather(scores).reshape(g, s),
+                                              d.gradient_buckets)
+        rows = tb.input_ids.shape[0]
+        chunk = max(1, self.c.actor.ppo_mini_batch_size // self.c.actor.micro_batches)
+        micro = rows // chunk if rows % chunk == 0 else 1
+        key = (d.gradient_buckets, micro)
+        if key not in self._grad_analysis:
+            self._grad_analysis[key] = make_gradient_analysis(self.m.graphdef, self.ucfg, *key)
+        norms = self._grad_analysis[key](self.m.params, self.m.rest, tb,
+                                         dist.global_rows(bucket[group_ids], self.mesh))
+        norms = {k: float(v) for k, v in norms.items()}
+        out = {f"collapse_grad/{k}_grad_norm": v for k, v in norms.items() if "/" not in k}
+        for k in range(d.gradient_buckets):
+            if norms[f"bucket{k}/rows"] == 0:  # empty, or every group of it filtered out
+                continue
+            p = f"collapse_grad/bucket{k}/"
+            out |= {p + c.split("/")[1] + "_grad_norm": v for c, v in norms.items()
+                    if c.startswith(f"bucket{k}/") and not c.endswith("/rows")}
+            out |= {p + "num_rows": norms[f"bucket{k}/rows"], p + "reward_std_mean": float(mean_std[k])}
         return out
 
     def train_step(self) -> dict[str, float]:
@@ -460,7 +521,8 @@ class Trainer:
         t["timing_s/gen"] = time.perf_counter() - t0
         metrics = {("train/" + k if k.startswith(self.tag + "/") else k): v
                    for k, v in batch.metrics.items()}
-        if c.diagnostics.compute_freq and self.step % c.diagnostics.compute_freq == 0:
+        diagnose_now = bool(c.diagnostics.compute_freq) and self.step % c.diagnostics.compute_freq == 0
+        if diagnose_now:
             t0 = time.perf_counter()
             metrics |= self.diagnose(batch)
             t["timing_s/diagnostics"] = time.perf_counter() - t0
@@ -556,6 +618,10 @@ class Trainer:
         t0 = time.perf_counter()
         if self.step >= c.critic.warmup:
             tb = shard_batch(TrainBatch(ids, attn, pos, loss_mask, old_logp, adv, ref_logp), self.mesh)
+            if c.diagnostics.gradient_analysis and diagnose_now:
+                t1 = time.perf_counter()
+                metrics |= self.gradient_analysis(tb, batch.scores, batch.group_ids[rows] + part.start)
+                t["timing_s/gradient_analysis"] = time.perf_counter() - t1
             self.m.params, self.opt_state, am = ppo_update(
                 self.actor_step, self.m.params, self.m.rest, self.opt_state, tb,
                 epochs=epochs, mini_batch_size=mb)

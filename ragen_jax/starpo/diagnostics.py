@@ -12,12 +12,20 @@ log-probabilities; the true input of ``z_i`` is column ``c_i``. Then
 - the MI z-score ``mean((matched - marginal) / (std(marginal) + 1e-3))``, the std taken over
   the sampled reasonings.
 
-``cross_scores`` computes the matrix with the policy in one jitted batched pass;
-``collapse_metrics`` turns it into RAGEN's numbers; ``first_turn_pairs`` samples the pairs
-from a rollout batch (X = the first prompt, Z = the first response; episodes of a group share
-X) and the trainer logs the result every ``diagnostics.compute_freq`` steps as
-``collapse/first_turn/*`` with an EMA of the z-score. Partial (issue 6): trajectory-uniform
-pairs, the gradient-norm-by-bucket analysis and the studies are not done yet.
+``cross_scores`` computes the matrix with the policy in jitted micro-batches;
+``collapse_metrics`` turns it into RAGEN's numbers. Two ways to sample the pairs from a
+rollout batch, as RAGEN: ``first_turn_pairs`` (X = the first prompt, Z = the first response;
+episodes of a group share X, one column per group) and ``trajectory_uniform_pairs`` (a
+trajectory uniformly, then one of its turns uniformly; X = the whole context before that
+turn's sampled tokens, Z = those tokens; one column per pair, identical X's share a label).
+``prompt_labels`` gives those labels and ``first_turn_validity`` RAGEN's first-turn counts.
+The trainer logs both kinds every ``diagnostics.compute_freq`` steps under RAGEN's names
+``collapse_first_turn_sample/*`` and ``collapse_trajectory_sample/*`` (with per-token variants
+and an EMA of the z-score per kind), plus ``collapse/first_turn_{num_total,num_valid,
+valid_rate}``. The gradient-norm-by-reward-std-bucket analysis is
+``ragen_jax.starpo.gradient_analysis``. One difference from RAGEN: Z is the whole sampled turn
+(RAGEN takes the text between the think tags, re-tokenised), so the estimates also run with
+``enable_think=False``.
 """
 
 from __future__ import annotations
@@ -32,20 +40,25 @@ from flax import nnx
 from ragen_jax.models.qwen import Qwen2ForCausalLM
 
 
-def cross_scores(model: Qwen2ForCausalLM, inputs: list[list[int]], reasonings: list[list[int]]
-                 ) -> tuple[jax.Array, jax.Array]:
+def cross_scores(model: Qwen2ForCausalLM, inputs: list[list[int]], reasonings: list[list[int]],
+                 micro_batch_size: int | None = None) -> tuple[jax.Array, jax.Array]:
     """Log-probability of every reasoning under every input, by teacher forcing.
 
     Returns ``(per_token_mean [n_z, n_x], sequence_sum [n_z, n_x])``: the mean and the sum over
-    the tokens of ``z_i`` of ``log p(z_i | x_j)``. All ``n_z * n_x`` sequences ``[x_j | z_i]``
-    run as one padded batch (right padding; real tokens form a prefix).
+    the tokens of ``z_i`` of ``log p(z_i | x_j)``. The ``n_z * n_x`` sequences ``[x_j | z_i]``
+    run as padded batches (right padding; real tokens form a prefix) of ``micro_batch_size``
+    rows (RAGEN: 128; None = all at once), which bounds memory for long trajectory contexts.
     """
     n_z, n_x = len(reasonings), len(inputs)
+    n = n_z * n_x
+    chunk = n if not micro_batch_size else min(int(micro_batch_size), n)
+    rows = -(-n // chunk) * chunk  # padded to whole micro-batches (one compiled shape)
     length = max(len(x) for x in inputs) + max(len(z) for z in reasonings)
     length = -(-length // 64) * 64  # fewer distinct shapes to compile
-    ids = np.zeros((n_z * n_x, length), np.int32)
-    real = np.zeros((n_z * n_x, length), bool)
-    scored = np.zeros((n_z * n_x, length), np.float32)
+    ids = np.zeros((rows, length), np.int32)
+    real = np.zeros((rows, length), bool)
+    real[n:, 0] = True  # filler rows: one real token, nothing scored
+    scored = np.zeros((rows, length), np.float32)
     for i, z in enumerate(reasonings):
         for j, x in enumerate(inputs):
             row = i * n_x + j
@@ -54,9 +67,10 @@ def cross_scores(model: Qwen2ForCausalLM, inputs: list[list[int]], reasonings: l
             real[row, :len(seq)] = True
             scored[row, len(x):len(seq)] = 1.0
     positions = np.broadcast_to(np.arange(length, dtype=np.int32), ids.shape)
-    logp = _scores(model, jnp.asarray(ids), jnp.asarray(real), jnp.asarray(positions),
-                   jnp.asarray(scored))
-    total = logp.reshape(n_z, n_x)
+    logp = jnp.concatenate([
+        _scores(model, *(jnp.asarray(a[s:s + chunk]) for a in (ids, real, positions, scored)))
+        for s in range(0, rows, chunk)])
+    total = logp[:n].reshape(n_z, n_x)
     counts = jnp.asarray([max(len(z), 1) for z in reasonings], jnp.float32)[:, None]
     return total / counts, total
 
@@ -130,3 +144,43 @@ def first_turn_pairs(input_ids: np.ndarray, loss_mask: np.ndarray, turn_ids: np.
         reasonings.append(input_ids[b][first].tolist())
         true_column.append(columns[g])
     return inputs, reasonings, np.asarray(true_column, np.int32)
+
+
+def trajectory_uniform_pairs(input_ids: np.ndarray, loss_mask: np.ndarray, turn_ids: np.ndarray,
+                             num_samples: int, rng: np.random.Generator
+                             ) -> tuple[list[list[int]], list[list[int]], np.ndarray, np.ndarray]:
+    """``(inputs, reasonings, true_column, labels)``: RAGEN's trajectory-uniform pairs.
+
+    Each of ``num_samples`` pairs picks a trajectory uniformly (with replacement, among those
+    that sampled anything), then one of its turns with sampled tokens uniformly; X is every
+    token before that turn's first sampled token (system, earlier turns, this turn's prompt),
+    Z the turn's sampled tokens. Every pair is its own column (``true_column = arange``);
+    ``labels [n]`` are equal for identical X's (``prompt_labels``), so that retrieving an
+    identical prompt counts as correct. Deterministic given ``rng``'s state.
+    """
+    sampled = loss_mask.astype(bool)  # [B, L]
+    turns = [np.unique(turn_ids[b][sampled[b]]) for b in range(input_ids.shape[0])]
+    rows = [b for b, t in enumerate(turns) if t.size]
+    inputs, reasonings = [], []
+    if rows and num_samples > 0:
+        for b in rng.choice(rows, size=num_samples, replace=True).tolist():
+            turn = rng.choice(turns[b])
+            z = sampled[b] & (turn_ids[b] == turn)  # [L]
+            inputs.append(input_ids[b, :int(np.argmax(z))].tolist())
+            reasonings.append(input_ids[b][z].tolist())
+    return inputs, reasonings, np.arange(len(inputs), dtype=np.int32), prompt_labels(inputs)
+
+
+def prompt_labels(inputs: list[list[int]]) -> np.ndarray:
+    """One integer per input, equal exactly for identical token sequences (first-seen order),
+    for ``collapse_metrics(..., input_ids=labels)``.  # [n] int32"""
+    seen: dict[tuple[int, ...], int] = {}
+    return np.asarray([seen.setdefault(tuple(x), len(seen)) for x in inputs], np.int32)
+
+
+def first_turn_validity(trajectories: list[dict]) -> tuple[int, int]:
+    """``(num_total, num_valid)``: episodes that played a first turn, and those whose first
+    answer parsed without a format error (RAGEN's ``collapse/first_turn_num_{total,valid}``;
+    reads ``RolloutBatch.trajectories[i]["turns"][0]["format_error"]``)."""
+    firsts = [t["turns"][0] for t in trajectories if t.get("turns") and "format_error" in t["turns"][0]]
+    return len(firsts), sum(not t["format_error"] for t in firsts)

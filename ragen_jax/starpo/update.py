@@ -160,16 +160,18 @@ def critic_objective(critic: Qwen2ForValue, batch: CriticBatch, config: UpdateCo
     return _micro_result(losses.aggregate(vf, mask, config.loss_agg_mode), metrics, mask)
 
 
-def actor_objective(model: Qwen2ForCausalLM, batch: TrainBatch, config: UpdateConfig
-                    ) -> tuple[jax.Array, tuple[jax.Array, dict[str, jax.Array]]]:
-    """``(numerator, (denominator, metric sums))`` of the actor loss on one micro-batch;
-    metric sums are weighted by the micro-batch's masked token count."""
+def actor_loss_terms(model: Qwen2ForCausalLM, batch: TrainBatch, config: UpdateConfig
+                     ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
+    """The actor loss's per-token terms as they enter it, coefficients applied: ``"pg"`` (the
+    clipped surrogate), ``"entropy"`` (``-entropy_coeff * entropy``) and, when ``kl_coef > 0``,
+    ``"kl"``; their sum is the loss before aggregation. Returns ``(terms, metrics)``, each
+    term ``[B, L]`` (shared by the update and ``gradient_analysis``)."""
     logp, entropy = token_logprobs(model, batch.input_ids, batch.attention_mask, batch.positions,
                                    config.temperature)
     mask = batch.loss_mask
     pg, pg_metrics = losses.policy_loss(logp, batch.old_logp, batch.advantages, mask,
                                         config.clip_low, config.clip_high, config.clip_c)
-    per_token = pg - config.entropy_coeff * entropy
+    terms = {"pg": pg, "entropy": -config.entropy_coeff * entropy}
     metrics = {
         **pg_metrics,
         "actor/pg_loss": losses.masked_mean(pg, mask),
@@ -177,9 +179,24 @@ def actor_objective(model: Qwen2ForCausalLM, batch: TrainBatch, config: UpdateCo
     }
     if config.kl_coef:  # without a reference policy ``ref_logp`` is zeros: no KL to report
         kl = losses.kl_penalty(logp, batch.ref_logp, config.kl_estimator)
-        per_token = per_token + config.kl_coef * kl
+        terms["kl"] = config.kl_coef * kl
         metrics["actor/kl_loss"] = losses.masked_mean(kl, mask)
+    return terms, metrics
+
+
+def actor_objective(model: Qwen2ForCausalLM, batch: TrainBatch, config: UpdateConfig
+                    ) -> tuple[jax.Array, tuple[jax.Array, dict[str, jax.Array]]]:
+    """``(numerator, (denominator, metric sums))`` of the actor loss on one micro-batch;
+    metric sums are weighted by the micro-batch's masked token count."""
+    terms, metrics = actor_loss_terms(model, batch, config)
+    per_token = _sum_terms(terms)
+    mask = batch.loss_mask
     return _micro_result(losses.aggregate(per_token, mask, config.loss_agg_mode), metrics, mask)
+
+
+def _sum_terms(terms: dict[str, jax.Array]) -> jax.Array:
+    total = terms["pg"] + terms["entropy"]
+    return total + terms["kl"] if "kl" in terms else total
 
 
 def make_train_step(graphdef: Any, config: UpdateConfig,

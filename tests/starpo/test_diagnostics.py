@@ -90,3 +90,88 @@ def test_first_turn_pairs_from_a_batch_layout():
     assert col.tolist() == [0, 0, 1]
     inputs, zs, col = first_turn_pairs(ids, mask, turns, np.array([0, 0, 1]), 2, np.random.default_rng(0))
     assert len(zs) == 2 and len(set(map(tuple, zs))) == 2
+
+
+def _two_turn_batch():
+    """4 episodes of 2 turns; episodes 0 and 1 are identical up to turn 2's sampled tokens."""
+    ids = np.array([[5, 6, 1, 2, 7, 3, 4, 0],
+                    [5, 6, 1, 2, 7, 8, 0, 0],
+                    [5, 9, 1, 7, 2, 2, 0, 0],
+                    [5, 9, 0, 0, 0, 0, 0, 0]], np.int32)  # episode 3 sampled nothing
+    mask = np.array([[0, 0, 1, 1, 0, 1, 1, 0],
+                     [0, 0, 1, 1, 0, 1, 0, 0],
+                     [0, 0, 1, 0, 1, 1, 0, 0],
+                     [0, 0, 0, 0, 0, 0, 0, 0]], bool)
+    turns = np.array([[1, 1, 1, 1, 2, 2, 2, 0],
+                      [1, 1, 1, 1, 2, 2, 0, 0],
+                      [1, 1, 1, 2, 2, 2, 0, 0],
+                      [1, 1, 0, 0, 0, 0, 0, 0]], np.int16)
+    return ids, mask, turns
+
+
+def test_trajectory_uniform_pairs_slices_labels_and_determinism():
+    from ragen_jax.starpo.diagnostics import trajectory_uniform_pairs
+
+    ids, mask, turns = _two_turn_batch()
+    # every possible (episode, turn) pair: X = tokens before the turn's first sampled token
+    expected = {(5, 6): [1, 2], (5, 6, 1, 2, 7): [3, 4], (5, 9): [1], (5, 9, 1, 7): [2, 2]}
+    expected_z = {((5, 6, 1, 2, 7), 0): [3, 4], ((5, 6, 1, 2, 7), 1): [8]}
+    inputs, zs, col, labels = trajectory_uniform_pairs(ids, mask, turns, 64, np.random.default_rng(3))
+    assert len(inputs) == len(zs) == 64 and col.tolist() == list(range(64))
+    seen = set()
+    for x, z in zip(inputs, zs, strict=True):
+        assert tuple(x) in expected, x
+        if tuple(x) == (5, 6, 1, 2, 7):  # episodes 0 and 1 share this X, with different Z
+            assert z in (expected_z[(tuple(x), 0)], expected_z[(tuple(x), 1)])
+            seen.add(tuple(z))
+        else:
+            assert z == expected[tuple(x)]
+        assert x != [5, 9] or z == [1]
+    assert seen == {(3, 4), (8,)}  # both episodes were drawn
+    assert {tuple(x) for x in inputs} == set(expected)  # every turn of every episode, not 3
+    for i in range(64):  # identical prompts, and only they, share a label
+        for j in range(64):
+            assert (labels[i] == labels[j]) == (inputs[i] == inputs[j])
+    again = trajectory_uniform_pairs(ids, mask, turns, 64, np.random.default_rng(3))
+    assert again[0] == inputs and again[1] == zs and again[3].tolist() == labels.tolist()
+    other = trajectory_uniform_pairs(ids, mask, turns, 64, np.random.default_rng(4))
+    assert other[0] != inputs
+    assert trajectory_uniform_pairs(ids, np.zeros_like(mask), turns, 8, np.random.default_rng(0))[0] == []
+
+
+def test_trajectory_uniform_pairs_pick_trajectory_then_turn_uniformly():
+    from ragen_jax.starpo.diagnostics import trajectory_uniform_pairs
+
+    # episode 0 has 1 turn, episode 1 has 3: trajectory-uniform gives episode 0's turn 1/2 of
+    # the pairs (turn-uniform sampling would give it 1/4)
+    ids = np.array([[5, 1, 0, 0, 0, 0, 0], [5, 4, 7, 2, 7, 3, 0]], np.int32)
+    mask = np.array([[0, 1, 0, 0, 0, 0, 0], [0, 1, 0, 1, 0, 1, 0]], bool)
+    turns = np.array([[1, 1, 0, 0, 0, 0, 0], [1, 1, 2, 2, 3, 3, 0]], np.int16)
+    inputs, zs, _, labels = trajectory_uniform_pairs(ids, mask, turns, 4000, np.random.default_rng(0))
+    first_episode = np.mean([x == [5] and z == [1] for x, z in zip(inputs, zs, strict=True)])
+    turn1 = np.mean([x == [5] for x in inputs])
+    assert 0.47 < first_episode < 0.53 and 0.63 < turn1 < 0.70  # 1/2 and 1/2 + 1/6
+    assert len(set(labels.tolist())) == 3  # [5] is one prompt whichever episode it came from
+
+
+def test_first_turn_validity_counts_format_errors():
+    from ragen_jax.starpo.diagnostics import first_turn_validity
+
+    trajs = [{"turns": [{"format_error": ""}, {"format_error": "no match"}]},
+             {"turns": [{"format_error": "unknown action"}]},
+             {"turns": [{"format_error": ""}]},
+             {"turns": []}]  # never played a turn (length-truncated)
+    assert first_turn_validity(trajs) == (3, 2)
+
+
+def test_cross_scores_micro_batches_match_one_pass():
+    cfg = QwenConfig.tiny(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    model = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(1))
+    inputs = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    reasonings = [[10, 11], [12, 13, 14]]
+    whole = cross_scores(model, inputs, reasonings)
+    for size in (1, 4, 100):  # 6 rows: uneven chunks are padded with filler rows
+        parts = cross_scores(model, inputs, reasonings, micro_batch_size=size)
+        for a, b in zip(parts, whole, strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4)
