@@ -142,9 +142,15 @@ def test_run_writes_metrics_checkpoints_and_trajectories(reference_run):
                 "timing_s/gen", "train/Bandit/response_length"):
         assert key in metrics[1], key
     assert "val-env/Bandit/success" in metrics[0] and "val-env/BanditTest/success" in metrics[2]
-    for key in ("collapse/first_turn/mi_estimate", "collapse/first_turn/retrieval_acc@1",
-                "collapse/first_turn/mi_zscore_ema"):  # diagnostics every 2 steps
-        assert np.isfinite(metrics[3][key]) and key not in metrics[2], key
+    for kind in ("first_turn_sample", "trajectory_sample"):  # diagnostics every 2 steps
+        for name in ("mi_estimate", "retrieval_acc@1", "retrieval_chance@1", "mi_zscore_ema",
+                     "conditional_entropy_est", "per_token/mi_estimate"):
+            key = f"collapse_{kind}/{name}"
+            assert np.isfinite(metrics[3][key]) and key not in metrics[2], key
+    assert metrics[3]["collapse/first_turn_num_total"] == 8  # 2 groups x 4 episodes
+    assert 0 <= metrics[3]["collapse/first_turn_num_valid"] <= 8
+    assert metrics[3]["collapse/first_turn_valid_rate"] == metrics[3]["collapse/first_turn_num_valid"] / 8
+    assert not any(k.startswith("collapse_grad/") for k in metrics[3])  # off by default
     assert metrics[0]["warmstart/loss_last"] < metrics[0]["warmstart/loss_first"]
     assert sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == [0, 2, 4]
     assert (out / "trajectories" / "val_step00004.jsonl").is_file()
@@ -187,11 +193,23 @@ def test_resume_after_crash_repeats_lost_steps_exactly(reference_run, tmp_path):
 def test_ppo_with_critic_lora_and_kl_runs(tmp_path):
     summary = _run(micro_config(tmp_path, steps=2, estimator="gae", extra=(
         "--config.trainer.val_before_train=False", "--config.model.lora_rank=4",
-        "--config.algorithm.kl_coef=0.01", "--config.actor.recompute_logprobs=True")))
+        "--config.algorithm.kl_coef=0.01", "--config.actor.recompute_logprobs=True",
+        "--config.diagnostics.gradient_analysis=True")))
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
     assert summary["step"] == 2
     for key in ("critic/vf_loss", "critic/grad_norm", "actor/kl_loss", "rollout/ref_kl"):
         assert np.isfinite(metrics[2][key]), key
+    # gradient analysis at the diagnostics steps (compute_freq 2: step 1 only); 2 groups in 3
+    # buckets: bucket 0 is empty and not logged
+    grad = {k: v for k, v in metrics[1].items() if k.startswith("collapse_grad/")}
+    for c in ("pg", "entropy", "kl"):
+        assert np.isfinite(grad[f"collapse_grad/{c}_grad_norm"]), c
+        assert f"collapse_grad/bucket0/{c}_grad_norm" not in grad
+        for k in (1, 2):
+            assert np.isfinite(grad[f"collapse_grad/bucket{k}/{c}_grad_norm"]), (k, c)
+    assert grad["collapse_grad/bucket1/reward_std_mean"] <= grad["collapse_grad/bucket2/reward_std_mean"]
+    assert grad["collapse_grad/bucket1/num_rows"] + grad["collapse_grad/bucket2/num_rows"] == 8
+    assert not any(k.startswith("collapse_grad/") for k in metrics[2])
     assert metrics[1]["rollout/logprob_gap"] < 1e-3  # trainer and sampler agree
 
 
