@@ -96,22 +96,25 @@ def _arrays(run: Path, step: int) -> dict[str, np.ndarray]:
 
 
 def _comparable(metrics: dict[str, float]) -> dict[str, float]:
-    # Timings differ; collapse diagnostics score a per-process sample of pairs.
-    return {k: v for k, v in metrics.items() if not k.startswith(("timing_s/", "collapse/"))}
+    # Timings differ; collapse MI diagnostics score a per-process sample of pairs (the first-turn
+    # counts and the gradient analysis are global, so they must match).
+    return {k: v for k, v in metrics.items()
+            if not k.startswith(("timing_s/", "collapse_first_turn_sample/", "collapse_trajectory_sample/"))}
 
 
 def test_two_processes_match_one_process_and_resume_across_processes(tmp_path):
     single = tmp_path / "single"
-    ref = _launch(single, 2, devices=4)
+    grads = "--config.diagnostics.gradient_analysis=True"
+    ref = _launch(single, 2, grads, devices=4)
     rc, _, err = _wait([ref])[0]
     assert rc == 0, err[-3000:]
 
     multi = tmp_path / "multi"
-    first = _wait(_job(multi, 1))  # stops after step 1 (checkpoint written by both processes)
+    first = _wait(_job(multi, 1, grads))  # stops after step 1 (checkpoint written by both processes)
     for rc, _, err in first:
         assert rc == 0, err[-3000:]
     assert "Run folder" in first[0][1] and "Run folder" not in first[1][1]  # only process 0 reports
-    second = _wait(_job(multi, 2))  # a restarted job resumes from it
+    second = _wait(_job(multi, 2, grads))  # a restarted job resumes from it
     for rc, _, err in second:
         assert rc == 0, err[-3000:]
     assert "resumed from" in second[0][1]
@@ -126,7 +129,10 @@ def test_two_processes_match_one_process_and_resume_across_processes(tmp_path):
         for k in set(ma) & set(mb):
             assert mb[k] == pytest.approx(ma[k], rel=1e-4, abs=1e-5), (step, k)
     assert b[1]["rollout/num_trajectories"] == 8  # counts are summed over the processes
-    assert any(k.startswith("collapse/") for k in b[1])  # diagnostics on pairs from both
+    for kind in ("first_turn_sample", "trajectory_sample"):  # diagnostics on pairs from both
+        assert np.isfinite(b[1][f"collapse_{kind}/mi_estimate"]), kind
+    assert b[1]["collapse/first_turn_num_total"] == 8  # every process's episodes
+    assert "collapse_grad/pg_grad_norm" in b[1]  # compared with the one-process run above
     assert "val-env/Bandit/success" in b[2]  # validation over both processes' shares
 
     pa, pb = _arrays(single, 2), _arrays(multi, 2)
