@@ -111,6 +111,7 @@ def load_policy(args: argparse.Namespace) -> tuple[Qwen2ForCausalLM, Any, str]:
 def run(args: argparse.Namespace) -> tuple[RolloutBatch, dict[str, Any]]:
     """Runs the evaluation rollout and writes the three files; returns (batch, summary)."""
     env_kw = {k: _env_value(v) for k, v in (kv.split("=", 1) for kv in args.env_param)}
+    context_kw: dict[str, Any] = {}
     if args.checkpoint:  # the run's env, budgets and format unless given here
         from ragen_jax.export import load_run_config
 
@@ -124,6 +125,8 @@ def run(args: argparse.Namespace) -> tuple[RolloutBatch, dict[str, Any]]:
                 setattr(args, name, run.rollout[name])
         if args.no_think is None:
             args.no_think = not run.rollout.enable_think
+        if run.rollout.get("turn_template"):  # the run's prompt wording
+            context_kw["turn_template"] = run.rollout.turn_template
     args.env = args.env or "sokoban"
     env, env_params = make(args.env, **env_kw)
     for name, default in _ROLLOUT_DEFAULTS.items():
@@ -137,7 +140,7 @@ def run(args: argparse.Namespace) -> tuple[RolloutBatch, dict[str, Any]]:
         max_model_len=args.max_model_len, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p,
         context=ContextConfig(max_actions_per_turn=args.max_actions_per_turn,
-                              enable_think=not args.no_think))
+                              enable_think=not args.no_think, **context_kw))
     rollout = AgentRollout(env, env_params, tok, cfg)
     sampler = Sampler(model, pad_id=tok.pad_token_id or 0)
     t0 = time.perf_counter()

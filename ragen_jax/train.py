@@ -93,7 +93,8 @@ class ConfigError(ValueError):
 def _rollout_config(c: ConfigDict) -> RolloutConfig:
     r = c.rollout
     ctx = ContextConfig(enable_think=r.enable_think, max_actions_per_turn=r.max_actions_per_turn,
-                        format_penalty=r.format_penalty)
+                        format_penalty=r.format_penalty,
+                        **({"turn_template": r.turn_template} if r.turn_template else {}))
     return RolloutConfig(
         env_groups=r.env_groups, group_size=r.group_size, max_turn=r.max_turn,
         max_actions_per_traj=r.max_actions_per_traj, response_length=r.response_length,
@@ -444,7 +445,7 @@ class Trainer:
                                  batch.group_ids, per_process, rng)[:3]
         rng = np.random.default_rng([self.c.seed, self.step, 2, jax.process_index()])
         traj = trajectory_uniform_pairs(batch.input_ids, batch.loss_mask, batch.turn_ids,
-                                        per_process, rng)[:3]
+                                        d.trajectory_samples // jax.process_count(), rng)[:3]
         counts = first_turn_validity(batch.trajectories)
         parts = dist.allgather_json([[x[0], x[1], x[2].tolist()] for x in (first, traj)] + [counts])
         out: dict[str, float] = {}

@@ -255,6 +255,21 @@ def test_eval_from_checkpoint(reference_run, tmp_path):
                     "--temperature", "0"])
     assert summary["env"] == "bandit" and summary["episodes"] == 4
     assert (tmp_path / "ev" / "viewer.html").is_file()
+    # The run's prompt wording (the tiny preset's compact turn template) is used, so the
+    # evaluation reads exactly what validation read on the same seeds.
+    ours = [json.loads(x) for x in (tmp_path / "ev" / "trajectories.jsonl").read_text().splitlines()]
+    val = [json.loads(x) for x in (run_dir / "trajectories" / "val_step00004.jsonl").read_text().splitlines()]
+    assert [t["messages"][:2] for t in ours] == [t["messages"][:2] for t in val]
+    assert "Always output" not in ours[0]["messages"][1]["content"]
+
+
+def test_turn_template_reaches_the_prompt(tmp_path):
+    from ragen_jax.train import _rollout_config
+
+    default = _rollout_config(micro_config(tmp_path, extra=("--config.rollout.turn_template=",)))
+    assert "Always output" in default.context.turn_template  # RAGEN's wording
+    custom = micro_config(tmp_path, extra=("--config.rollout.turn_template=T{turn} {state} {actions_left}\n",))
+    assert _rollout_config(custom).context.turn_template == "T{turn} {state} {actions_left}\n"
 
 
 _SHARDED = r"""

@@ -30,6 +30,7 @@ valid_rate}``. The gradient-norm-by-reward-std-bucket analysis is
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -45,42 +46,70 @@ def cross_scores(model: Qwen2ForCausalLM, inputs: list[list[int]], reasonings: l
     """Log-probability of every reasoning under every input, by teacher forcing.
 
     Returns ``(per_token_mean [n_z, n_x], sequence_sum [n_z, n_x])``: the mean and the sum over
-    the tokens of ``z_i`` of ``log p(z_i | x_j)``. The ``n_z * n_x`` sequences ``[x_j | z_i]``
-    run as padded batches (right padding; real tokens form a prefix) of ``micro_batch_size``
-    rows (RAGEN: 128; None = all at once), which bounds memory for long trajectory contexts.
+    the tokens of ``z_i`` of ``log p(z_i | x_j)``.
+
+    Each input is encoded once into a KV cache; every pair ``(z_i, x_j)`` then runs only the
+    tokens of ``z_i`` on a copy of ``x_j``'s cache. The cost is ``n_x |x| + n_z n_x |z|``
+    tokens instead of the ``n_z n_x (|x| + |z|)`` of scoring every ``[x_j | z_i]`` from
+    scratch, which matters when the inputs are long multi-turn contexts and the reasonings
+    short. Pairs run in batches of ``micro_batch_size`` (RAGEN: 128; None = all at once), which
+    bounds memory (each pair holds a copy of its input's cache).
     """
     n_z, n_x = len(reasonings), len(inputs)
+    width_x = -(-max(len(x) for x in inputs) // 64) * 64  # fewer distinct shapes to compile
+    width_z = -(-max(max(len(z) for z in reasonings), 1) // 16) * 16
+    x_ids = np.zeros((n_x, width_x), np.int32)
+    x_real = np.zeros((n_x, width_x), bool)
+    for j, x in enumerate(inputs):
+        x_ids[j, :len(x)] = x
+        x_real[j, :len(x)] = True
+    x_len = x_real.sum(1).astype(np.int32)
+    cache, first_logp = _encode_inputs(model, jnp.asarray(x_ids), jnp.asarray(x_real),
+                                       width_x + width_z)
+
     n = n_z * n_x
     chunk = n if not micro_batch_size else min(int(micro_batch_size), n)
     rows = -(-n // chunk) * chunk  # padded to whole micro-batches (one compiled shape)
-    length = max(len(x) for x in inputs) + max(len(z) for z in reasonings)
-    length = -(-length // 64) * 64  # fewer distinct shapes to compile
-    ids = np.zeros((rows, length), np.int32)
-    real = np.zeros((rows, length), bool)
-    real[n:, 0] = True  # filler rows: one real token, nothing scored
-    scored = np.zeros((rows, length), np.float32)
+    z_ids = np.zeros((rows, width_z), np.int32)
+    z_real = np.zeros((rows, width_z), bool)
+    column = np.zeros(rows, np.int32)  # filler rows: input 0, nothing scored
     for i, z in enumerate(reasonings):
-        for j, x in enumerate(inputs):
-            row = i * n_x + j
-            seq = list(x) + list(z)
-            ids[row, :len(seq)] = seq
-            real[row, :len(seq)] = True
-            scored[row, len(x):len(seq)] = 1.0
-    positions = np.broadcast_to(np.arange(length, dtype=np.int32), ids.shape)
-    logp = jnp.concatenate([
-        _scores(model, *(jnp.asarray(a[s:s + chunk]) for a in (ids, real, positions, scored)))
+        z_ids[i * n_x:(i + 1) * n_x, :len(z)] = z
+        z_real[i * n_x:(i + 1) * n_x, :len(z)] = True
+        column[i * n_x:(i + 1) * n_x] = np.arange(n_x)
+    sums = jnp.concatenate([
+        _pair_scores(model, cache, first_logp, jnp.asarray(x_len), jnp.asarray(column[s:s + chunk]),
+                     jnp.asarray(z_ids[s:s + chunk]), jnp.asarray(z_real[s:s + chunk]))
         for s in range(0, rows, chunk)])
-    total = logp[:n].reshape(n_z, n_x)
+    total = sums[:n].reshape(n_z, n_x)
     counts = jnp.asarray([max(len(z), 1) for z in reasonings], jnp.float32)[:, None]
     return total / counts, total
 
 
-@nnx.jit
-def _scores(model, ids, real, positions, scored):
-    from ragen_jax.starpo.update import token_logprobs
+@functools.partial(nnx.jit, static_argnums=(3,))
+def _encode_inputs(model, x_ids, x_real, size):
+    """The inputs' KV cache (``size`` slots; right padding left as invalid slots) and the
+    log-distribution of the token after each input's last real token ``[n_x, V]``."""
+    positions = jnp.maximum(jnp.cumsum(x_real, axis=1) - 1, 0).astype(jnp.int32)  # [n_x, Sx]
+    last = jnp.maximum(x_real.sum(1) - 1, 0)  # [n_x]
+    cache = model.init_cache(x_ids.shape[0], size)
+    logits, cache = model(x_ids, positions, x_real, cache, logits_at=last)  # [n_x, 1, V]
+    return cache, jax.nn.log_softmax(logits[:, 0], axis=-1)
 
-    logp, _ = token_logprobs(model, ids, real, positions)
-    return jnp.sum(logp * scored, axis=-1)
+
+@nnx.jit
+def _pair_scores(model, cache, first_logp, x_len, column, z_ids, z_real):
+    """``sum_t log p(z_t | x, z_<t)`` for pairs ``(z_ids[r], input column[r])``: [R]."""
+    pair_cache = cache.replace(k=tuple(k[column] for k in cache.k),
+                               v=tuple(v[column] for v in cache.v),
+                               valid=cache.valid[column], lengths=cache.lengths[column])
+    start = x_len[column]  # [R] the first position of z
+    positions = start[:, None] + jnp.arange(z_ids.shape[1], dtype=jnp.int32)[None]  # [R, Lz]
+    logits, _ = model(z_ids, positions, z_real, pair_cache)  # [R, Lz, V]
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    first = jnp.take_along_axis(first_logp[column], z_ids[:, :1], axis=1)[:, 0]  # [R]
+    rest = jnp.take_along_axis(logp[:, :-1], z_ids[:, 1:, None], axis=2)[..., 0]  # [R, Lz-1]
+    return jnp.where(z_real[:, 0], first, 0.0) + jnp.sum(rest * z_real[:, 1:], axis=1)
 
 
 def collapse_metrics(scores: jax.Array, true_column: jax.Array, input_ids: jax.Array | None = None,

@@ -59,9 +59,9 @@ def test_cross_scores_equal_separate_teacher_forcing():
                           num_attention_heads=4, num_key_value_heads=2, head_dim=8)
     model = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))
     inputs = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
-    reasonings = [[10, 11], [12, 13, 14]]
+    reasonings = [[10, 11], [12, 13, 14], [15]]  # a one-token z is scored from x's last logits
     mean, total = cross_scores(model, inputs, reasonings)
-    assert mean.shape == (2, 3)
+    assert mean.shape == (3, 3)
     for i, z in enumerate(reasonings):
         for j, x in enumerate(inputs):
             seq = jnp.asarray([x + z], jnp.int32)
