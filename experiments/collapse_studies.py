@@ -49,6 +49,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -81,6 +82,7 @@ STUDIES: dict[str, dict] = {
             "starpo-s-top-25%": ["--config.filter.strategy=top_k", "--config.filter.value=0.25"],
         },
         "seeds": (0, 1, 2), "gradient_analysis": True,
+        "share_warmstart": True,  # the settings differ only after step 0 (same model, algorithm)
     },
     "algorithms": {
         "envs": ("bandit", "frozenlake"),
@@ -89,11 +91,13 @@ STUDIES: dict[str, dict] = {
             "grpo": ["--config.algorithm.adv_estimator=grpo", *NO_FILTER],
         },
         "seeds": (0, 1, 2), "gradient_analysis": True,
+        "share_warmstart": False,  # PPO's checkpoint holds a critic, GRPO's does not
     },
     "regimes": {
         "envs": ("frozenlake",),
         "settings": {"default": []},  # the tiny preset as it is (Dr.GRPO, no filter)
         "seeds": (0,), "gradient_analysis": False,  # the scatter needs only the MI metrics
+        "share_warmstart": False,
     },
 }
 
@@ -194,18 +198,36 @@ def detect(metrics: Metrics) -> dict[str, int | None]:
 
 
 def common_overrides(args: argparse.Namespace, gradient_analysis: bool) -> list[str]:
+    # save_freq 1000: no periodic checkpoints (time), so step 0's stays for seed_step0; the
+    # SIGTERM stop still checkpoints the last step
     return ["--config.trainer.progress=False", "--config.trainer.save_trajectories=False",
+            "--config.trainer.save_freq=1000",
             f"--config.trainer.test_freq={args.val_freq}",
             f"--config.rollout.val_groups={args.val_groups}",
             f"--config.diagnostics.compute_freq={args.diag_freq}",
             f"--config.diagnostics.gradient_analysis={gradient_analysis}", *args.override]
 
 
-def train(run: Run, budget_s: float, overrides: list[str]) -> float:
-    """One ``launch.py`` run in a fresh folder, SIGTERM after ``budget_s``; returns wall s."""
+def seed_step0(run: Run, donor: Path) -> None:
+    """Starts ``run`` from ``donor``'s step-0 checkpoint and step-0 metrics (warm-start and
+    validation before training), so the launched run resumes at step 0 and skips both: the
+    result is the one it would have computed itself (same env, seed and warm-start config;
+    resuming continues as the uninterrupted run would, DESIGN decision 7)."""
+    shutil.copytree(donor / "checkpoints" / "0", run.out / "checkpoints" / "0")
+    lines = (donor / "metrics.jsonl").read_text().splitlines()
+    step0 = [ln for ln in lines if ln.strip() and json.loads(ln)["step"] == 0]
+    (run.out / "metrics.jsonl").write_text("\n".join(step0) + "\n")
+    (run.out / "step0_from.txt").write_text(f"{donor.name}\n")
+
+
+def train(run: Run, budget_s: float, overrides: list[str], donor: Path | None = None) -> float:
+    """One ``launch.py`` run in a fresh folder (seeded from ``donor``'s step 0 if given),
+    SIGTERM after ``budget_s``; returns the wall seconds."""
     if run.out.exists():
         subprocess.run(["rm", "-rf", str(run.out)], check=True)
     run.out.mkdir(parents=True)
+    if donor is not None:
+        seed_step0(run, donor)
     cmd = [sys.executable, str(ROOT / "launch.py"), "--config", f"configs/{run.env}.py",
            f"--config.trainer.output_dir={run.out}", f"--config.seed={run.seed}", *overrides]
     print(f"[{time.strftime('%H:%M:%S')}] {run.name}: {budget_s:.0f} s\n  {' '.join(cmd)}", flush=True)
@@ -228,11 +250,17 @@ def train(run: Run, budget_s: float, overrides: list[str]) -> float:
 
 def run_study(runs: list[Run], budget_s: float, base: list[str]) -> None:
     """Runs in order; each gets the remaining budget over the remaining runs (so one run's
-    SIGTERM overrun comes out of the later ones' shares)."""
+    SIGTERM overrun comes out of the later ones' shares). Where the study shares the
+    warm-start, later settings of an (env, seed) start from the first one's step 0."""
     deadline = time.perf_counter() + budget_s
+    donors: dict[tuple[str, int], Path] = {}
     for i, run in enumerate(runs):
         share = (deadline - time.perf_counter()) / (len(runs) - i)
-        wall = train(run, share, [*STUDIES[run.study]["settings"][run.setting], *base])
+        donor = donors.get((run.env, run.seed))
+        wall = train(run, share, [*STUDIES[run.study]["settings"][run.setting], *base], donor)
+        if STUDIES[run.study]["share_warmstart"] and donor is None \
+                and (run.out / "checkpoints" / "0").is_dir():
+            donors[(run.env, run.seed)] = run.out
         print(f"  {run.name}: {wall:.0f} s, {steps_reached(load(run))} steps", flush=True)
 
 
@@ -345,6 +373,18 @@ def write_table(study: str, envs: list[str], settings: list[str], seeds: list[in
         "**Conclusions at this scale are limited**: a random-init 4-layer width-128 model "
         "warm-started on the answer format, 64 episodes per step, minutes per run, few seeds; "
         "a detector that fires in a short noisy run is a hint, not a finding.\n\n")
+    short = [r.name for e in envs for st in settings for sd in seeds
+             if (r := Run(study, e, st, sd)).out.is_dir() and steps_reached(load(r)) < 5]
+    if short:
+        header += (f"**{len(short)} run(s) reached fewer than 5 steps** ({', '.join(short)}): "
+                   "their share did not cover much more than start-up (JAX import and "
+                   "compilation, warm-start, step-0 validation); nothing about collapse can be "
+                   "read from them. Give fewer envs/seeds or a larger budget.\n\n")
+    shared = [r.name for e in envs for st in settings for sd in seeds
+              if (r := Run(study, e, st, sd)).out.joinpath("step0_from.txt").is_file()]
+    if shared:
+        header += ("Runs that resumed from another setting's step-0 checkpoint (same env and "
+                   f"seed; warm-start and step-0 validation computed once): {', '.join(shared)}.\n\n")
     table = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols), *rows]
     md = RESULTS / f"collapse_{study}.md"
     md.write_text(header + "\n".join(table) + "\n")

@@ -98,3 +98,21 @@ def test_mean_curve_uses_the_steps_every_seed_reached():
     x, y = cs._mean_curve([([0, 1, 2], [0.0, 1.0, 2.0]), ([0, 1], [2.0, 3.0])])
     assert x == [0, 1]
     assert y == pytest.approx([1.0, 2.0])
+
+
+def test_seed_step0_copies_the_step0_checkpoint_and_metrics_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(cs, "RUNS", tmp_path / "runs")
+    donor = cs.Run("filtering", "bandit", "no-filter", 0)
+    (donor.out / "checkpoints" / "0" / "arrays").mkdir(parents=True)
+    (donor.out / "checkpoints" / "0" / "arrays" / "x").write_text("w")
+    (donor.out / "checkpoints" / "30").mkdir()
+    (donor.out / "metrics.jsonl").write_text(
+        json.dumps({"step": 0, "val-env/Bandit/success": 0.4}) + "\n"
+        + json.dumps({"step": 1, "train/Bandit/success": 0.5}) + "\n")
+    run = cs.Run("filtering", "bandit", "snr-top-p-0.9", 0)
+    run.out.mkdir(parents=True)
+    cs.seed_step0(run, donor.out)
+    assert (run.out / "checkpoints" / "0" / "arrays" / "x").read_text() == "w"
+    assert not (run.out / "checkpoints" / "30").exists()
+    assert cs.load(run) == {0: {"val-env/Bandit/success": 0.4}}
+    assert (run.out / "step0_from.txt").read_text().strip() == donor.name
