@@ -18,6 +18,19 @@ stopped by SIGTERM when its share of the budget is spent (the trainer finishes t
 checkpoints and exits; the overrun comes out of the next runs' shares), in a fresh folder
 ``experiments/results/runs/studies/<study>/<env>-<setting>-seed<s>``. Runs log the collapse
 diagnostics every ``--diag-freq`` steps and (filtering, algorithms) the gradient analysis.
+In ``filtering`` the settings differ only after step 0, so each env and seed's warm-start
+and step-0 validation run once (``_step0/``, stopped right after step 0) and every setting
+resumes from that checkpoint; in ``algorithms`` each run pays its own (PPO has a critic).
+
+What the budget affords (measured on this 2-core CPU at ``nice 19`` beside another
+training job, bandit): start-up + warm-start + step-0 validation ~1.5 min; the first
+training step ~1 min (compiling the update, the diagnostics and the gradient analysis);
+then ~3.5 s per step plus ~9 s per validation. So a run needs ~3 min before its curves
+mean anything, and the defaults do NOT fit 30 minutes: ``filtering`` (2 envs x 3 settings
+x 3 seeds = 18 runs, ~1.7 min each) and ``algorithms`` (12 runs, 2.5 min each) reach only a
+handful of steps; the script warns and the table flags such runs. What fits:
+``filtering --envs frozenlake --seeds 0`` (3 runs) or ``algorithms --envs bandit --seeds 0 1``
+(4 runs), or a larger ``--budget-min``; multi-turn FrozenLake/Sokoban steps are slower.
 
 Outputs in ``experiments/results/``: ``collapse_<study>.png`` (rows = env; columns =
 validation success, train success, in-group reward std, entropy, MI estimate, grad norm;
@@ -248,19 +261,55 @@ def train(run: Run, budget_s: float, overrides: list[str], donor: Path | None = 
     return wall
 
 
+def prepare_step0(run: Run, overrides: list[str]) -> Path | None:
+    """Warm-start and step-0 validation of ``run``'s env and seed, once, in
+    ``<study>/_step0/<env>-seed<s>``: launched like ``run`` and stopped by SIGTERM as soon as
+    step 0 is logged (the trainer then checkpoints step 0 and exits before training). Every
+    setting then resumes from it, so none pays the warm-start inside its share."""
+    out = RUNS / run.study / "_step0" / f"{run.env}-seed{run.seed}"
+    if out.exists():
+        subprocess.run(["rm", "-rf", str(out)], check=True)
+    out.mkdir(parents=True)
+    cmd = [sys.executable, str(ROOT / "launch.py"), "--config", f"configs/{run.env}.py",
+           f"--config.trainer.output_dir={out}", f"--config.seed={run.seed}", *overrides]
+    print(f"[{time.strftime('%H:%M:%S')}] step 0 of {run.env} seed {run.seed}\n  {' '.join(cmd)}",
+          flush=True)
+    metrics = out / "metrics.jsonl"  # created empty before the warm-start; step 0 comes after
+    with open(out.parent / f"{run.env}-seed{run.seed}.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        while proc.poll() is None and not (metrics.is_file() and metrics.stat().st_size > 0):
+            time.sleep(1.0)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)  # step 0 logged: checkpoint it and exit
+        proc.wait()
+    return out if (out / "checkpoints" / "0").is_dir() else None
+
+
+MIN_SHARE_S = 240  # below this a run is mostly start-up and its first (compiling) step
+
+
 def run_study(runs: list[Run], budget_s: float, base: list[str]) -> None:
     """Runs in order; each gets the remaining budget over the remaining runs (so one run's
     SIGTERM overrun comes out of the later ones' shares). Where the study shares the
-    warm-start, later settings of an (env, seed) start from the first one's step 0."""
+    warm-start, each (env, seed)'s step 0 is computed once first (``prepare_step0``, its
+    time taken from the budget) and every setting resumes from it."""
+    if budget_s / len(runs) < MIN_SHARE_S:
+        print(f"warning: {len(runs)} runs in {budget_s / 60:g} min = {budget_s / len(runs):.0f} s "
+              f"each; start-up and the first step take ~{MIN_SHARE_S // 60} min here, so expect "
+              f"few steps per run (fewer --envs/--seeds or a larger --budget-min)", flush=True)
     deadline = time.perf_counter() + budget_s
-    donors: dict[tuple[str, int], Path] = {}
+    donors: dict[tuple[str, int], Path | None] = {}
     for i, run in enumerate(runs):
+        overrides = [*STUDIES[run.study]["settings"][run.setting], *base]
+        key = (run.env, run.seed)
+        if STUDIES[run.study]["share_warmstart"] and key not in donors:
+            donors[key] = prepare_step0(run, overrides)
         share = (deadline - time.perf_counter()) / (len(runs) - i)
-        donor = donors.get((run.env, run.seed))
-        wall = train(run, share, [*STUDIES[run.study]["settings"][run.setting], *base], donor)
-        if STUDIES[run.study]["share_warmstart"] and donor is None \
-                and (run.out / "checkpoints" / "0").is_dir():
-            donors[(run.env, run.seed)] = run.out
+        if share < 5:  # the budget is spent: leave no stale folder, say so
+            subprocess.run(["rm", "-rf", str(run.out)], check=True)
+            print(f"  {run.name}: skipped, the budget is spent", flush=True)
+            continue
+        wall = train(run, share, overrides, donors.get(key))
         print(f"  {run.name}: {wall:.0f} s, {steps_reached(load(run))} steps", flush=True)
 
 
@@ -383,8 +432,10 @@ def write_table(study: str, envs: list[str], settings: list[str], seeds: list[in
     shared = [r.name for e in envs for st in settings for sd in seeds
               if (r := Run(study, e, st, sd)).out.joinpath("step0_from.txt").is_file()]
     if shared:
-        header += ("Runs that resumed from another setting's step-0 checkpoint (same env and "
-                   f"seed; warm-start and step-0 validation computed once): {', '.join(shared)}.\n\n")
+        header += ("Every setting of an env and seed resumed from one step-0 checkpoint "
+                   "(warm-start and step-0 validation computed once per env and seed, outside "
+                   "the runs' shares but inside the budget; wall minutes below exclude it): "
+                   f"{', '.join(shared)}.\n\n")
     table = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols), *rows]
     md = RESULTS / f"collapse_{study}.md"
     md.write_text(header + "\n".join(table) + "\n")
