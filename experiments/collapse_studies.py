@@ -418,7 +418,11 @@ def write_table(study: str, envs: list[str], settings: list[str], seeds: list[in
         + ".\n\nSuccess: mean +- sd over seeds. Detectors (first step each fired, `-` = never): "
         "in-group reward std below 0.1 x its first-5-step mean; entropy below 0.5 x its "
         "first-5-step mean; first-turn MI estimate below 0.5 x the mean of its first 3 "
-        "diagnostics points; actor grad norm above 3 x the median of the earlier steps.\n\n"
+        "diagnostics points; actor grad norm above 3 x the median of the earlier steps. "
+        "The entropy and grad-norm detectors also fire in runs that learn (on the 130-step "
+        "bandit run of `learning_curves.py`, which reached validation success 1.0, the "
+        "grad-norm one fired at step 22 and the entropy one at step 53): read them with the "
+        "success columns, not as collapse on their own.\n\n"
         "**Conclusions at this scale are limited**: a random-init 4-layer width-128 model "
         "warm-started on the answer format, 64 episodes per step, minutes per run, few seeds; "
         "a detector that fires in a short noisy run is a hint, not a finding.\n\n")
@@ -484,6 +488,9 @@ def plot_grid(study: str, envs: list[str], settings: list[str], seeds: list[int]
             ax.grid(alpha=0.3)
             if log and ax.get_lines():
                 ax.set_yscale("log")
+            if not ax.get_lines():
+                ax.text(0.5, 0.5, "not logged", transform=ax.transAxes, ha="center",
+                        va="center", color="0.5", fontsize=8)
         if axes[row][0].get_lines():
             axes[row][0].legend(fontsize=7)
     fig.suptitle(f"collapse study: {study} (thin: seeds; thick: mean over seeds on common steps)",
