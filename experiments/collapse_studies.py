@@ -28,9 +28,13 @@ training step ~1 min (compiling the update, the diagnostics and the gradient ana
 then ~3.5 s per step plus ~9 s per validation. So a run needs ~3 min before its curves
 mean anything, and the defaults do NOT fit 30 minutes: ``filtering`` (2 envs x 3 settings
 x 3 seeds = 18 runs, ~1.7 min each) and ``algorithms`` (12 runs, 2.5 min each) reach only a
-handful of steps; the script warns and the table flags such runs. What fits:
-``filtering --envs frozenlake --seeds 0`` (3 runs) or ``algorithms --envs bandit --seeds 0 1``
-(4 runs), or a larger ``--budget-min``; multi-turn FrozenLake/Sokoban steps are slower.
+handful of steps; the script warns and the table flags such runs. FrozenLake is slower
+still (same conditions): start-up + warm-start + step-0 validation ~3.5 min, the first step
+~3 min (2 of them compiling and running the collapse diagnostics), validation ~30 s, a
+rollout ~20 s per step; so ``regimes`` (one FrozenLake run, 30 min) should reach a few
+tens of steps, i.e. only a handful of diagnostics points (an estimate: not measured to the
+end). What fits better: ``filtering --envs frozenlake --seeds 0`` (3 runs) or
+``algorithms --envs bandit --seeds 0 1`` (4 runs), or a larger ``--budget-min``.
 
 Outputs in ``experiments/results/``: ``collapse_<study>.png`` (rows = env; columns =
 validation success, train success, in-group reward std, entropy, MI estimate, grad norm;
@@ -565,7 +569,8 @@ def main(argv: list[str] | None = None) -> None:
         png, md = regimes_report(args.run.resolve(), None)
         print(f"wrote {png}\nwrote {md}")
         return
-    runs = [Run(args.study, e, st, s) for e in envs for st in settings for s in seeds]
+    # env, seed, setting order: a budget cut short costs every setting alike
+    runs = [Run(args.study, e, st, s) for e in envs for s in seeds for st in settings]
     if not args.plot_only:
         save_meta(args.study, args)
         run_study(runs, args.budget_min * 60, common_overrides(args, spec["gradient_analysis"]))
