@@ -25,7 +25,9 @@ resumes from that checkpoint; in ``algorithms`` each run pays its own (PPO has a
 What the budget affords (measured on this 2-core CPU at ``nice 19`` beside another
 training job, bandit): start-up + warm-start + step-0 validation ~1.5 min; the first
 training step ~1 min (compiling the update, the diagnostics and the gradient analysis);
-then ~3.5 s per step plus ~9 s per validation. So a run needs ~3 min before its curves
+then ~3.5 s per step (GRPO; PPO's critic ~6 s) plus ~9 s per validation, and ~35 s more
+on every diagnostics step (collapse diagnostics + gradient analysis; ``--diag-freq 10``
+buys steps at the cost of MI points). So a run needs ~3 min before its curves
 mean anything, and the defaults do NOT fit 30 minutes: ``filtering`` (2 envs x 3 settings
 x 3 seeds = 18 runs, ~1.7 min each) and ``algorithms`` (12 runs, 2.5 min each) reach only a
 handful of steps; the script warns and the table flags such runs. FrozenLake is slower
