@@ -26,8 +26,9 @@ What the budget affords (measured on this 2-core CPU at ``nice 19`` beside anoth
 training job, bandit): start-up + warm-start + step-0 validation ~1.5 min; the first
 training step ~1 min (compiling the update, the diagnostics and the gradient analysis);
 then ~3.5 s per step (GRPO; PPO's critic ~6 s) plus ~9 s per validation, and ~35 s more
-on every diagnostics step (collapse diagnostics + gradient analysis; ``--diag-freq 10``
-buys steps at the cost of MI points). So a run needs ~3 min before its curves
+on every diagnostics step (collapse diagnostics + gradient analysis, measured before the
+cross scoring reused each input's KV cache, which cut FrozenLake's diagnostics step from
+~86 s to ~7 s; ``--diag-freq 10`` buys steps at the cost of MI points). So a run needs ~3 min before its curves
 mean anything, and the defaults do NOT fit 30 minutes: ``filtering`` (2 envs x 3 settings
 x 3 seeds = 18 runs, ~1.7 min each) and ``algorithms`` (12 runs, 2.5 min each) reach only a
 handful of steps; the script warns and the table flags such runs. FrozenLake is slower
