@@ -108,6 +108,7 @@ def get_config(preset: str = "tiny") -> ConfigDict:
     c.warmstart.batch_size = 16  # trajectories per warm-start step
     c.warmstart.lr = 1e-3  # warm-start learning rate
     c.warmstart.episodes = 256  # random-valid-action episodes generated for it
+    c.warmstart.legal_actions = False  # draw only state-changing actions (no walking into walls)
 
     c.sft = ConfigDict()
     c.sft.data = ""  # JSONL of chat trajectories ({"messages": [...]}) for an SFT stage

@@ -13,6 +13,9 @@ def get_config(preset: str = "tiny"):
     if preset == "tiny":  # multi-turn trajectories: shorter warm-start batches (see sokoban.py)
         c.warmstart.steps = 60
         c.warmstart.batch_size = 8
+        # Random answers teach answers that ignore the state (I(X;Z) = 0 from step 1, and RL
+        # never left it in 20 minutes); random *legal* moves give a reason to read it.
+        c.warmstart.legal_actions = True
         # RAGEN's CoordFrozenLake as its `_3_frozen_lake.yaml` trains it: coordinate text and
         # deterministic moves (success_rate=1). With the grid a random-init model made no
         # progress in 22 steps (validation 0.234 -> 0.242); with coordinates but slippery moves

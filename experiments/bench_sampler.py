@@ -9,7 +9,14 @@ whole call (prefill included). Our compile time is the first call minus a warm c
     PYTHONPATH=. python experiments/bench_sampler.py --quick    # tiny only
     PYTHONPATH=. python experiments/bench_sampler.py --sizes 0.5b --batches 1,8
 
-Writes ``experiments/results/bench_sampler.md`` and prints the table.
+Writes ``experiments/results/bench_sampler.md`` and prints the table. The roofline columns
+put both frameworks against this CPU's float32 matmul peak (the best of a large square
+``jnp.dot`` and ``torch.mm``, measured in the same run): ``work GFLOP`` is the least any
+implementation must compute for the call (every prompt and generated token through every
+projection, causal attention over the real context, the vocabulary projection only where a
+token is sampled), ``GFLOP/s`` is that work over each one's wall time, and ``3x needs`` is the
+rate at which a sampler would have to run to reach 3x transformers' tokens/s. Where that
+exceeds the measured peak no float32 implementation can reach 3x on this machine.
 """
 
 from __future__ import annotations
@@ -62,6 +69,43 @@ def bench_hf(hf, prompts, new):
     return dt, out[:, ids.shape[1]:].numpy()
 
 
+def work_gflop(cfg: QwenConfig, batch: int, prompt: int, new: int) -> float:
+    """The least float32 work (GFLOP) of one greedy call: ``prompt + new - 1`` tokens per row
+    through the decoder (the last sampled token is never fed back), causal attention over
+    each token's real context, logits at the ``new`` sampling positions."""
+    e, h, k, d, f = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                     cfg.head_dim, cfg.intermediate_size)
+    per_token = 2 * cfg.num_hidden_layers * (e * h * d + 2 * e * k * d + h * d * e + 3 * e * f)
+    tokens = prompt + new - 1
+    context = tokens * (tokens + 1) // 2  # sum over tokens of the keys each attends to
+    attention = 2 * 2 * cfg.num_hidden_layers * h * d * context  # q.k and p.v
+    head = 2 * e * cfg.vocab_size * new
+    return batch * (per_token * tokens + attention + head) / 1e9
+
+
+def matmul_peak(n: int = 2048, repeats: int = 10) -> dict[str, float]:
+    """float32 GFLOP/s of an ``n x n`` by ``n x n`` matmul in JAX and in torch (best of
+    ``repeats``): the roofline both samplers are measured against."""
+    import torch
+
+    a = jnp.asarray(np.random.RandomState(0).randn(n, n), jnp.float32)
+    dot = jax.jit(jnp.dot)
+    dot(a, a).block_until_ready()
+    best = {"jax": float("inf"), "torch": float("inf")}
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dot(a, a).block_until_ready()
+        best["jax"] = min(best["jax"], time.perf_counter() - t0)
+    ta = torch.from_numpy(np.asarray(a))
+    with torch.inference_mode():
+        torch.mm(ta, ta)
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            torch.mm(ta, ta)
+            best["torch"] = min(best["torch"], time.perf_counter() - t0)
+    return {name: 2 * n**3 / t / 1e9 for name, t in best.items()}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="tiny,0.5b", help="comma list of: " + ",".join(PRESETS))
@@ -85,6 +129,9 @@ def main():
 
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
+    peak = matmul_peak()
+    print("float32 matmul peak (2048^3): " + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peak.items()),
+          flush=True)
     rows = []
     for size in sizes:
         cfg = PRESETS[size]()
@@ -106,10 +153,13 @@ def main():
             else:
                 theirs, agree = float("nan"), float("nan")
             n = b * args.new
-            row = (size, b, n / ours, n / theirs, theirs / ours, compile_s, agree)
+            work = work_gflop(cfg, b, args.prompt, args.new)
+            row = (size, b, n / ours, n / theirs, theirs / ours, compile_s, agree, work,
+                   work / ours, work / theirs, 3 * work / theirs)
             rows.append(row)
             print("{:>5} B={:<4} ours {:9.1f} tok/s  transformers {:9.1f} tok/s  x{:5.2f}  "
-                  "compile {:5.1f}s  greedy rows equal {:.2f}".format(*row), flush=True)
+                  "compile {:5.1f}s  greedy rows equal {:.2f}  work {:.1f} GFLOP: ours {:.0f} "
+                  "GFLOP/s, transformers {:.0f}, 3x needs {:.0f}".format(*row), flush=True)
 
     lines = [
         "# Sampler throughput: ours (JAX, jitted) vs transformers `generate` (torch CPU)",
@@ -121,12 +171,16 @@ def main():
         f"torch {torch.__version__} ({torch.get_num_threads()} threads), "
         f"transformers {transformers.__version__}.",
         "",
+        "float32 matmul peak of this machine (2048 x 2048 x 2048, best of 10): "
+        + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peak.items()) + ".",
+        "",
         "| model | batch | ours tok/s | transformers tok/s | speed-up | our compile s | "
-        "greedy rows identical |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "greedy rows identical | work GFLOP | ours GFLOP/s | transformers GFLOP/s | 3x needs GFLOP/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for size, b, o, t, x, c, a in rows:
-        lines.append(f"| {size} | {b} | {o:.1f} | {t:.1f} | {x:.2f}x | {c:.1f} | {a:.2f} |")
+    for size, b, o, t, x, c, a, w, og, tg, need in rows:
+        lines.append(f"| {size} | {b} | {o:.1f} | {t:.1f} | {x:.2f}x | {c:.1f} | {a:.2f} | "
+                     f"{w:.1f} | {og:.0f} | {tg:.0f} | {need:.0f} |")
     table = "\n".join(lines) + "\n"
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(table)

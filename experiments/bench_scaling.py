@@ -21,9 +21,7 @@ Writes ``experiments/results/bench_scaling.md``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,6 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "experiments"))
+from bench_update import subprocess_results  # noqa: E402
+
 GiB = 2**30
 SHAPES_1_5B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                    num_attention_heads=12, num_key_value_heads=2, head_dim=128,
@@ -107,13 +107,11 @@ def run_weak_scaling(quick: bool) -> list[str]:
                 f"print('RESULT ' + json.dumps(weak_scaling_child({n}, {per_device}, {length}, {repeats})))")
         env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}",
                "JAX_PLATFORMS": "cpu"}
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              env=env, timeout=1800)
-        line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-        if not line:
-            rows.append(f"| {n} | failed: {proc.stderr[-300:]!r} | | | | | | |")
+        results, error = subprocess_results(code, env, timeout=1800)
+        if not results:
+            rows.append(f"| {n} | failed: {error} | | | | | | |")
             continue
-        r = json.loads(line[0][7:])
+        r = results[0]
         base = base or r["tokens_per_s"]
         rows.append(f"| {n} | {r['batch']} x {r['length']} | {r['step_s']:.3f} | "
                     f"{r['tokens_per_s']:,.0f} | {r['tokens_per_s'] / base:.2f} | "
@@ -200,16 +198,12 @@ MEMORY_CASES = [
 def run_memory(quick: bool) -> list[str]:
     cases = MEMORY_CASES[:2] if quick else MEMORY_CASES
     code = f"ROOT = {str(ROOT)!r}\nCASES = {cases!r}\n" + _MEMORY
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=3000,
-                          env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-                               "JAX_PLATFORMS": "cpu"})
+    results, error = subprocess_results(code, timeout=3000, env={
+        **os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"})
     rows = ["| what | model (bf16) | mesh (data, fsdp, tensor) | global batch x length | "
             "per-device arguments GiB | per-device temp GiB | per-device total GiB | compile s |",
             "|---|---|---|---|---|---|---|---|"]
-    for line in proc.stdout.splitlines():
-        if not line.startswith("RESULT "):
-            continue
-        r = json.loads(line[7:])
+    for r in results:
         head = f"| {r['kind']} | {r['name']} | {tuple(r['mesh'])} | {r['batch']} x {r['length']} |"
         if "error" in r:
             rows.append(f"{head} {r['error']} | | | |")
@@ -218,8 +212,8 @@ def run_memory(quick: bool) -> list[str]:
             rows.append(f"{head} {r['args'] / GiB:.2f} | {r['temp'] / GiB:.2f} | {total / GiB:.2f} | "
                         f"{r['compile_s']:.0f} |")
         print(rows[-1], flush=True)
-    if proc.returncode != 0:
-        rows.append(f"\n(subprocess exited {proc.returncode}: {proc.stderr[-500:]!r})")
+    if error:
+        rows.append("\n" + error)
     return rows
 
 

@@ -147,6 +147,18 @@ for name, mesh_shape, batch, length in CASES:
 """
 
 
+def subprocess_results(code: str, env: dict[str, str], timeout: float) -> tuple[list[dict], str | None]:
+    """Runs ``code`` in a fresh Python (its own ``XLA_FLAGS``/device count) and returns the
+    JSON of its ``RESULT {...}`` stdout lines, plus a one-line note of its exit status and
+    stderr tail when it failed (the results printed before the failure are kept)."""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+    results = [json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    error = None if proc.returncode == 0 else (
+        f"(subprocess exited {proc.returncode}: {proc.stderr[-500:]!r})")
+    return results, error
+
+
 def run_pod(quick: bool) -> list[str]:
     cases = [("0.5b", (1, 8, 1), 8, 512), ("0.5b", (1, 64, 1), 64, 512),
              ("3b", (1, 8, 1), 8, 512), ("3b", (2, 8, 4), 64, 512),
@@ -154,22 +166,18 @@ def run_pod(quick: bool) -> list[str]:
     if quick:
         cases = cases[:1]
     code = f"ROOT = {str(ROOT)!r}\nCASES = {cases!r}\n" + _POD
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, "XLA_FLAGS": ""}, timeout=3000)
+    results, error = subprocess_results(code, {**os.environ, "XLA_FLAGS": ""}, timeout=3000)
     rows = ["| model (bf16) | mesh (data, fsdp, tensor) | global batch x length | per-device params+opt GiB | "
             "per-device temp GiB | compile s |", "|---|---|---|---|---|---|"]
-    for line in proc.stdout.splitlines():
-        if not line.startswith("RESULT "):
-            continue
-        r = json.loads(line[7:])
+    for r in results:
         if "error" in r:
             rows.append(f"| {r['name']} | {tuple(r['mesh'])} | {r['batch']} x {r['length']} | {r['error']} | | |")
         else:
             rows.append(f"| {r['name']} | {tuple(r['mesh'])} | {r['batch']} x {r['length']} | "
                         f"{r['args'] / GiB:.2f} | {r['temp'] / GiB:.2f} | {r['compile_s']:.0f} |")
         print(rows[-1], flush=True)
-    if proc.returncode != 0:
-        rows.append(f"\n(subprocess exited {proc.returncode}: {proc.stderr[-500:]!r})")
+    if error:
+        rows.append("\n" + error)
     return rows
 
 

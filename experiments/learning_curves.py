@@ -62,7 +62,18 @@ def summarize(name: str, out: Path, wall: float | None) -> str:
     best = max(range(len(val)), key=lambda i: val[i])
     wall_txt = f"{wall / 60:.1f}" if wall is not None else "-"
     return (f"| {name} | {max(metrics)} | {wall_txt} | {val[0]:.3f} | {val[best]:.3f} (step {steps[best]}) "
-            f"| {val[-1]:.3f} | {val[-1] - val[0]:+.3f} | {other or '-'} |")
+            f"| {val[-1]:.3f} | {val[-1] - val[0]:+.3f} | {other or '-'} | {input_dependence(metrics)} |")
+
+
+def input_dependence(metrics: dict[int, dict[str, float]]) -> str:
+    """First-turn I(X;Z) (nats) and retrieval@1 against chance, first and last diagnostics
+    step: whether the answers depend on the observation at all (RAGEN V2's collapse check)."""
+    steps, mi = series(metrics, "collapse_first_turn_sample/mi_estimate")
+    if not steps:
+        return "-"
+    _, acc = series(metrics, "collapse_first_turn_sample/retrieval_acc@1")
+    _, chance = series(metrics, "collapse_first_turn_sample/retrieval_chance@1")
+    return " -> ".join(f"{mi[i]:.2f} ({acc[i]:.2f} vs {chance[i]:.2f}, step {steps[i]})" for i in (0, -1))
 
 
 def main() -> None:
@@ -87,8 +98,9 @@ def main() -> None:
         print(f"wrote {png}")
         rows.append(summarize(name, out, wall))
     table = ["| env | train steps | wall min | val success at step 0 (warm-started) | best val success "
-             "| last val success | last - start | other val splits (last) |",
-             "|---|---|---|---|---|---|---|---|", *rows]
+             "| last val success | last - start | other val splits (last) "
+             "| first-turn I(X;Z) nats (retrieval@1 vs chance), first -> last |",
+             "|---|---|---|---|---|---|---|---|---|", *rows]
     text = "\n".join(table) + "\n"
     print(text)
     md = RESULTS / "learning_curves.md"

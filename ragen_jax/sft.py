@@ -29,7 +29,8 @@ from ragen_jax.starpo.update import token_logprobs
 
 
 def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutConfig,
-                   episodes: int, seed: int) -> dict[str, np.ndarray]:
+                   episodes: int, seed: int, *, legal_only: bool = False,
+                   metrics: dict | None = None) -> dict[str, np.ndarray]:
     """Token arrays (``input_ids``, ``attention_mask``, ``position_ids``, ``loss_mask``) of
     about ``episodes`` episodes answered with random valid actions.
 
@@ -37,7 +38,16 @@ def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutCon
     share an initial state, one per valid action, and each answers its first turn with a
     different action first (later actions and turns are random). Without this balance a
     small model memorizes the sampling noise of a few episodes per prompt (on Bandit it
-    started out certain of the wrong arm on some pairs, which RL then cannot undo)."""
+    started out certain of the wrong arm on some pairs, which RL then cannot undo).
+
+    ``legal_only`` draws every action from those that change the state (the env's
+    ``action_is_effective``: no walking into a wall or off the grid), still uniformly and
+    with no look-ahead, so nothing about the goal is taught. What it adds is a reason to read
+    the state: with purely random answers the policy starts with answers independent of its
+    input (I(X;Z) = 0, RAGEN V2's template collapse) and on FrozenLake and Sokoban RL never
+    left that point. ``metrics``, when given, receives the generated episodes' rollout metrics
+(without the env tag: ``action_is_effective``, ``success``, ...).
+    """
     rng = np.random.default_rng(seed)
     rollout = AgentRollout(env, env_params, tokenizer, config)
     chat, ctx = rollout.chat, config.context
@@ -54,13 +64,37 @@ def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutCon
     open_answer = "<answer>" if ctx.enable_think or not ctx.prefill_tag else ""
     if not ctx.prefill_tag and ctx.enable_think:
         think = "<think></think>"
+    try_keys = jax.vmap(jax.random.key)(jnp.arange(n_actions, dtype=jnp.uint32))
+    try_acts = np.zeros((n_actions, ctx.max_actions_per_turn), np.int32)
+    try_acts[:, 0] = np.arange(n_actions)
+
+    def effective(state):  # one env's state -> (legal action ids, state after each, ended)
+        tiled = jax.tree.map(lambda x: np.repeat(np.asarray(x)[None], n_actions, 0), state)
+        nxt, _, _, n_eff, term, trunc, _ = jax.device_get(rollout._step(
+            tiled, env_params, try_acts, np.ones(n_actions, np.int32), try_keys))
+        legal = np.flatnonzero(n_eff > 0)
+        return (legal if legal.size else np.arange(n_actions)), nxt, term | trunc
+
+    def pick(row: int, call: int, k: int) -> list[int]:
+        if not legal_only:
+            picks = rng.integers(0, len(names[row]), size=k)
+            if call == 0:  # the group's rows open with every action once
+                picks[0] = row % n_actions
+            return [int(a) for a in picks]
+        state = jax.tree.map(lambda x: x[row], rollout.turn_states)
+        picks: list[int] = []
+        for j in range(k):
+            legal, nxt, ended = effective(state)
+            a = int(legal[row % len(legal)] if call == 0 and j == 0 else rng.choice(legal))
+            picks.append(a)
+            if ended[a]:
+                break
+            state = jax.tree.map(lambda x, a=a: x[a], nxt)
+        return picks
 
     def script(row: int, call: int, _prompt: list[int]) -> list[int]:
         k = int(rng.integers(1, ctx.max_actions_per_turn + 1))
-        picks = rng.integers(0, len(names[row]), size=k)
-        if call == 0:  # the group's rows open with every action once
-            picks[0] = row % n_actions
-        acts = [names[row][int(a)] for a in picks]
+        acts = [names[row][a] for a in pick(row, call, k)]
         text = f"{think}{open_answer}{f' {ctx.action_sep} '.join(acts)}</answer>"
         return tokenizer(text, add_special_tokens=False)["input_ids"] + [chat.eot_id]
 
@@ -68,6 +102,8 @@ def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutCon
     batch = rollout.collect(policy, group_seeds, jax.random.key(seed), group_size=n_actions)
     if batch.metrics[f"{rollout.tag}/format_error_rate"] > 0:
         raise AssertionError("warm-start answers do not parse; the chat format changed?")
+    if metrics is not None:
+        metrics.update({k.split("/", 1)[-1]: v for k, v in batch.metrics.items()})
     return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
             "position_ids": batch.position_ids, "loss_mask": batch.loss_mask,
             "group_ids": batch.group_ids}

@@ -57,6 +57,7 @@ from ragen_jax.starpo.diagnostics import (
     first_turn_validity,
     prompt_labels,
     trajectory_uniform_pairs,
+    valid_thinking_counts,
 )
 from ragen_jax.starpo.filtering import FilterConfig, filter_groups
 from ragen_jax.starpo.gradient_analysis import make_gradient_analysis, reward_std_buckets
@@ -384,8 +385,11 @@ class Trainer:
             out["sft/loss_first"], out["sft/loss_last"] = losses[0], losses[-1]
         w = self.c.warmstart
         if w.steps:
+            stats: dict = {}
             data = warmstart_data(self.env, self.env_params, self.m.tokenizer, self.rcfg,
-                                  episodes=w.episodes, seed=self.c.seed)
+                                  episodes=w.episodes, seed=self.c.seed,
+                                  legal_only=w.legal_actions, metrics=stats)
+            out["warmstart/action_is_effective"] = stats["action_is_effective"]
             losses = train_sft(self.m.actor, data, steps=w.steps, batch_size=w.batch_size,
                                lr=w.lr, seed=self.c.seed, trainable=trainable, log=log)
             out["warmstart/loss_first"], out["warmstart/loss_last"] = losses[0], losses[-1]
@@ -436,8 +440,10 @@ class Trainer:
     def diagnose(self, batch: RolloutBatch) -> dict[str, float]:
         """RAGEN V2's collapse diagnostics from the rollout batch before filtering, with the
         policy that sampled it: first-turn pairs (``collapse_first_turn_sample/*``),
-        trajectory-uniform pairs (``collapse_trajectory_sample/*``) and the first turns'
-        format validity (``collapse/first_turn_{num_total,num_valid,valid_rate}``)."""
+        trajectory-uniform pairs (``collapse_trajectory_sample/*``), the first turns'
+        format validity (``collapse/first_turn_{num_total,num_valid,valid_rate}``) and, with
+        ``enable_think``, the share of turns with a non-blank reasoning
+        (``collapse/valid_thinking_rate``)."""
         d = self.c.diagnostics
         per_process = d.num_samples // jax.process_count()
         rng = np.random.default_rng([self.c.seed, self.step, 1])
@@ -446,7 +452,7 @@ class Trainer:
         rng = np.random.default_rng([self.c.seed, self.step, 2, jax.process_index()])
         traj = trajectory_uniform_pairs(batch.input_ids, batch.loss_mask, batch.turn_ids,
                                         d.trajectory_samples // jax.process_count(), rng)[:3]
-        counts = first_turn_validity(batch.trajectories)
+        counts = [*first_turn_validity(batch.trajectories), *valid_thinking_counts(batch.trajectories)]
         parts = dist.allgather_json([[x[0], x[1], x[2].tolist()] for x in (first, traj)] + [counts])
         out: dict[str, float] = {}
         for i, kind in enumerate(("first_turn_sample", "trajectory_sample")):
@@ -456,10 +462,12 @@ class Trainer:
                 cols += [col + len(inputs) for col in cs]
                 inputs, reasonings = inputs + xs, reasonings + zs
             out |= self._collapse(kind, inputs, reasonings, np.asarray(cols, np.int32))
-        total, valid = (sum(p[2][k] for p in parts) for k in (0, 1))
+        total, valid, turns, thinking = (sum(p[2][k] for p in parts) for k in range(4))
         out |= {"collapse/first_turn_num_total": float(total),
                 "collapse/first_turn_num_valid": float(valid),
                 "collapse/first_turn_valid_rate": valid / total if total else 0.0}
+        if self.c.rollout.enable_think:
+            out["collapse/valid_thinking_rate"] = thinking / turns if turns else 0.0
         return out
 
     def _collapse(self, kind: str, inputs: list[list[int]], reasonings: list[list[int]],

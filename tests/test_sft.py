@@ -105,3 +105,16 @@ def test_train_sft_lowers_the_loss_and_updates_the_model(tok):
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:3])
     after = {k: np.asarray(v) for k, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
     assert any(not np.array_equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize("name", ["sokoban", "frozenlake"])
+def test_legal_only_warmstart_never_wastes_a_move(tok, name):
+    env, params = make(name, **({"success_rate": 1.0} if name == "frozenlake" else {}))
+    cfg = RolloutConfig(max_turn=3, response_length=24, context=ContextConfig(enable_think=False))
+    random_stats, legal_stats = {}, {}
+    warmstart_data(env, params, tok, cfg, episodes=32, seed=0, metrics=random_stats)
+    data = warmstart_data(env, params, tok, cfg, episodes=32, seed=0, legal_only=True,
+                          metrics=legal_stats)
+    assert legal_stats["action_is_effective"] == 1.0  # every executed action moved something
+    assert random_stats["action_is_effective"] < 0.95  # random answers bump into walls
+    assert legal_stats["format_error_rate"] == 0.0 and data["input_ids"].shape[0] == 32

@@ -151,6 +151,7 @@ def test_run_writes_metrics_checkpoints_and_trajectories(reference_run):
     assert 0 <= metrics[3]["collapse/first_turn_num_valid"] <= 8
     assert metrics[3]["collapse/first_turn_valid_rate"] == metrics[3]["collapse/first_turn_num_valid"] / 8
     assert not any(k.startswith("collapse_grad/") for k in metrics[3])  # off by default
+    assert "collapse/valid_thinking_rate" not in metrics[3]  # no <think> in the tiny preset
     assert metrics[0]["warmstart/loss_last"] < metrics[0]["warmstart/loss_first"]
     assert sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == [0, 2, 4]
     assert (out / "trajectories" / "val_step00004.jsonl").is_file()
@@ -194,7 +195,7 @@ def test_ppo_with_critic_lora_and_kl_runs(tmp_path):
     summary = _run(micro_config(tmp_path, steps=2, estimator="gae", extra=(
         "--config.trainer.val_before_train=False", "--config.model.lora_rank=4",
         "--config.algorithm.kl_coef=0.01", "--config.actor.recompute_logprobs=True",
-        "--config.diagnostics.gradient_analysis=True")))
+        "--config.diagnostics.gradient_analysis=True", "--config.rollout.enable_think=True")))
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
     assert summary["step"] == 2
     for key in ("critic/vf_loss", "critic/grad_norm", "actor/kl_loss", "rollout/ref_kl"):
@@ -211,6 +212,7 @@ def test_ppo_with_critic_lora_and_kl_runs(tmp_path):
     assert grad["collapse_grad/bucket1/num_rows"] + grad["collapse_grad/bucket2/num_rows"] == 8
     assert not any(k.startswith("collapse_grad/") for k in metrics[2])
     assert metrics[1]["rollout/logprob_gap"] < 1e-3  # trainer and sampler agree
+    assert 0.0 <= metrics[1]["collapse/valid_thinking_rate"] <= 1.0  # logged with enable_think
 
 
 def test_export_loads_in_transformers_with_the_same_greedy_actions(reference_run, tmp_path):

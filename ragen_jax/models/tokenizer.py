@@ -1,10 +1,15 @@
 """Tokenizers: a Hugging Face model folder's own, or the built-in one of the tiny preset.
 
 The built-in tokenizer is a byte-level BPE trained in code, at first use, on a fixed corpus of
-the text the RAGEN environments and prompts produce (Sokoban/FrozenLake grids, action words,
-bandit arm names, the turn template, numbers). Byte-level means any string round-trips, even
-text the corpus never showed; the corpus only decides which strings are compact. It is
-deterministic (same corpus, same trainer settings, no randomness) and needs no download.
+the text the RAGEN environments and prompts produce (action words, bandit arm names, the turn
+template, grid symbols, numbers). Byte-level means any string round-trips, even text the
+corpus never showed; the corpus only decides which strings are compact. It is deterministic
+(same corpus, same trainer settings, no randomness) and needs no download.
+
+Grid cells stay one token each: the corpus has no grid rows, so no merge joins ``#__`` or
+``_#\n`` into one token. A 6x6 Sokoban row is then always 7 tokens (6 cells and the newline),
+and "the cell below the player" is always 7 tokens later, a fixed offset that rotary attention
+can learn; with merged runs the same cell sat at a different offset in every state.
 
 Specials follow Qwen2.5's ChatML: ``<|endoftext|>`` (padding), ``<|im_start|>``, ``<|im_end|>``
 (end of turn, the eos token). ``<think>``, ``</think>``, ``<answer>``, ``</answer>`` and
@@ -94,14 +99,9 @@ def builtin() -> PreTrainedTokenizerFast:
 # The fixed training corpus
 # ----------------------------------------------------------------------------------------------
 
-_SOKOBAN_GRIDS = [
-    "######\n#___O#\n#_X__#\n#__P_#\n#____#\n######",
-    "######\n#P___#\n#_X#_#\n#__O_#\n##___#\n######",
-    "######\n#__#_#\n#_√__#\n#_S__#\n#____#\n######",
-    "########\n#__O___#\n#_X__X_#\n#___P__#\n#_O____#\n########",
-]
-_FROZEN_GRIDS = ["P___\n_O__\n___O\nO__G", "_O_G\n__P_\nO___\n____", "____\n_X__\n__OG\n____",
-                 "___O\n_O__\n___√\n____"]
+# Grid symbols, spaced, and "√" (3 bytes) alone between letters so that it becomes one token;
+# no two cells ever meet, so none merge (see the module docstring).
+_GRID_CELLS = " ".join("#_OX√PSG" * 4) + " " + "a√" * 8
 _ARMS = ["Teacher", "Trader", "Librarian", "Investor", "Gardener", "Cryptominer", "Receptionist",
          "Explorer", "Cashier", "DataScientist", "phoenix", "dragon"]
 
@@ -161,8 +161,8 @@ def _corpus() -> list[str]:
     """The fixed corpus: prompt templates filled with env-like values, plus plain words."""
     texts = [_SOKOBAN_SYSTEM, _FROZEN_SYSTEM, _WARNING, _ENGLISH, _ENGLISH.capitalize()]
     for k in range(1, 11):
-        for i, grid in enumerate(_SOKOBAN_GRIDS + _FROZEN_GRIDS):
-            texts.append(_TURN.format(k=k, obs=grid, left=10 - k + i % 3, mt=100 + 20 * (i % 2)))
+        for i in range(8):
+            texts.append(_TURN.format(k=k, obs=_GRID_CELLS, left=10 - k + i % 3, mt=100 + 20 * (i % 2)))
     for a, b in zip(_ARMS[::2], _ARMS[1::2], strict=True):
         texts.append(_BANDIT_PROMPT.format(a=a, b=b))
         texts.append(f"{a}: 0.1 points\n{b}: 1.0 points\n{b}: 0.0 points")

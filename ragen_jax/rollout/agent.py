@@ -308,6 +308,7 @@ class AgentRollout:
         self.tag = tag or type(env).__name__
         self.chat = ChatFormat(tokenizer, config.context)
         self._reset, self._step = env_functions(env)
+        self.turn_states = None  # host env states of the turn being generated (see collect)
 
     def collect(self, policy: Policy, group_seeds: Sequence[int] | np.ndarray, key: jax.Array,
                 *, group_size: int | None = None, reuse_cache: bool = True,
@@ -380,6 +381,7 @@ class AgentRollout:
             else:  # baseline: the whole history plus the chunk, no cache
                 prompts = [self._history(eps[i]) + chunk_ids[i] if active[i] else []
                            for i in range(n)]
+            self.turn_states = host  # host copy of this turn's env states (scripted policies)
             out = policy(prompts, key=per_row(jax.random.fold_in(k_sample, turn), row_ids), params=sp,
                          stop_tokens=chat.stop_ids, active=active,
                          cache=cache if reuse_cache else None)

@@ -18,11 +18,12 @@ rollout batch, as RAGEN: ``first_turn_pairs`` (X = the first prompt, Z = the fir
 episodes of a group share X, one column per group) and ``trajectory_uniform_pairs`` (a
 trajectory uniformly, then one of its turns uniformly; X = the whole context before that
 turn's sampled tokens, Z = those tokens; one column per pair, identical X's share a label).
-``prompt_labels`` gives those labels and ``first_turn_validity`` RAGEN's first-turn counts.
+``prompt_labels`` gives those labels, ``first_turn_validity`` RAGEN's first-turn counts and
+``valid_thinking_counts`` its share of turns with a parsed, non-blank reasoning.
 The trainer logs both kinds every ``diagnostics.compute_freq`` steps under RAGEN's names
 ``collapse_first_turn_sample/*`` and ``collapse_trajectory_sample/*`` (with per-token variants
 and an EMA of the z-score per kind), plus ``collapse/first_turn_{num_total,num_valid,
-valid_rate}``. The gradient-norm-by-reward-std-bucket analysis is
+valid_rate}`` and (with ``enable_think``) ``collapse/valid_thinking_rate``. The gradient-norm-by-reward-std-bucket analysis is
 ``ragen_jax.starpo.gradient_analysis``. One difference from RAGEN: Z is the whole sampled turn
 (RAGEN takes the text between the think tags, re-tokenised), so the estimates also run with
 ``enable_think=False``.
@@ -213,3 +214,12 @@ def first_turn_validity(trajectories: list[dict]) -> tuple[int, int]:
     reads ``RolloutBatch.trajectories[i]["turns"][0]["format_error"]``)."""
     firsts = [t["turns"][0] for t in trajectories if t.get("turns") and "format_error" in t["turns"][0]]
     return len(firsts), sum(not t["format_error"] for t in firsts)
+
+
+def valid_thinking_counts(trajectories: list[dict]) -> tuple[int, int]:
+    """``(num_turns, num_valid)``: turns played, and those that parsed without a format error
+    with a non-blank ``<think>`` block (RAGEN's ``collapse/valid_thinking_rate``, the share of
+    turns whose reasoning exists to be scored). Meaningful with ``enable_think`` only."""
+    turns = [t for traj in trajectories for t in traj.get("turns", []) if "format_error" in t]
+    return len(turns), sum(not t["format_error"] and bool(str(t.get("think", "")).strip())
+                           for t in turns)

@@ -164,6 +164,17 @@ def test_first_turn_validity_counts_format_errors():
     assert first_turn_validity(trajs) == (3, 2)
 
 
+def test_valid_thinking_counts_needs_parse_and_nonblank_reasoning():
+    from ragen_jax.starpo.diagnostics import valid_thinking_counts
+
+    trajs = [{"turns": [{"format_error": "", "think": "box is left"},
+                        {"format_error": "", "think": "  \n"},  # blank reasoning
+                        {"format_error": "tags", "think": "lost"}]},  # did not parse
+             {"turns": [{"format_error": "", "think": "go up"}]},
+             {"turns": [{"turn": 1}]}]  # started, never answered: not counted
+    assert valid_thinking_counts(trajs) == (4, 2)
+
+
 def test_cross_scores_micro_batches_match_one_pass():
     cfg = QwenConfig.tiny(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, head_dim=8)
