@@ -36,8 +36,14 @@ still (same conditions): start-up + warm-start + step-0 validation ~3.5 min, the
 ~3 min (2 of them compiling and running the collapse diagnostics), validation ~30 s, a
 rollout ~20 s per step; so ``regimes`` (one FrozenLake run, 30 min) should reach a few
 tens of steps, i.e. only a handful of diagnostics points (an estimate: not measured to the
-end). What fits better: ``filtering --envs frozenlake --seeds 0`` (3 runs) or
+end). What fits better: ``filtering --envs sokoban --seeds 0`` (3 runs) or
 ``algorithms --envs bandit --seeds 0 1`` (4 runs), or a larger ``--budget-min``.
+
+Measured (quiet machine, per-cell grid tokens): ``filtering --envs sokoban --seeds 0
+--budget-min 25 --val-freq 10`` reached 26-30 steps per setting in ~8 min each. A Sokoban
+step is ~7 s, but a diagnostics step with the gradient analysis takes 35-50 s: the analysis
+runs one full backward pass per (bucket or whole batch, loss component), 8 passes here. That
+is most of the budget; ``--diag-freq 10`` or no gradient analysis buys steps.
 
 Outputs in ``experiments/results/``: ``collapse_<study>.png`` (rows = env; columns =
 validation success, train success, in-group reward std, entropy, MI estimate, grad norm;

@@ -6,8 +6,10 @@ Runs ``launch.py`` on ``configs/bandit.py``, ``configs/frozenlake.py`` and
 acceptance budgets of issue 8; the run stops at the first checkpoint after the budget via
 SIGTERM, which saves and exits), then writes per-run curves (PNG: success, score, entropy,
 response length vs step) and ``experiments/results/learning_curves.md``: validation
-success of the warm-started policy (step 0), the best and last validation success, and
-the wall time.
+success of the warm-started policy (step 0), the best and last validation success, the
+wall time, and the first-turn I(X;Z) estimate with retrieval@1 against chance at the first
+and last diagnostics step: near 0 and chance mean the answers do not depend on the
+observation at all (RAGEN V2's template collapse), whatever the success curve does.
 
     python experiments/learning_curves.py                  # all three
     python experiments/learning_curves.py --only bandit    # one
