@@ -195,7 +195,8 @@ def test_ppo_with_critic_lora_and_kl_runs(tmp_path):
     summary = _run(micro_config(tmp_path, steps=2, estimator="gae", extra=(
         "--config.trainer.val_before_train=False", "--config.model.lora_rank=4",
         "--config.algorithm.kl_coef=0.01", "--config.actor.recompute_logprobs=True",
-        "--config.diagnostics.gradient_analysis=True", "--config.rollout.enable_think=True")))
+        "--config.diagnostics.gradient_analysis=True", "--config.rollout.enable_think=True",
+        "--config.rollout.response_length=24")))
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
     assert summary["step"] == 2
     for key in ("critic/vf_loss", "critic/grad_norm", "actor/kl_loss", "rollout/ref_kl"):
