@@ -46,7 +46,7 @@ def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutCon
     the state: with purely random answers the policy starts with answers independent of its
     input (I(X;Z) = 0, RAGEN V2's template collapse) and on FrozenLake and Sokoban RL never
     left that point. ``metrics``, when given, receives the generated episodes' rollout metrics
-(without the env tag: ``action_is_effective``, ``success``, ...).
+    (without the env tag: ``action_is_effective``, ``success``, ...).
     """
     rng = np.random.default_rng(seed)
     rollout = AgentRollout(env, env_params, tokenizer, config)

@@ -37,7 +37,7 @@ def test_specials_and_tags(tok):
     ids = tok.encode("<|im_start|>user\nhi<|im_end|>")
     assert ids[0] == tok.convert_tokens_to_ids("<|im_start|>") and ids[-1] == tok.eos_token_id
     assert tok.decode(ids, skip_special_tokens=True) == "user\nhi"
-    # Env text is compact: a 6x6 grid line costs at most a few tokens.
+    # Grid cells are one token each, so a cell's neighbours sit at fixed token offsets.
     for row in ("#_X√_#\n", "#__P_#\n", "#____#\n", "######\n", "_O_G\n"):  # one token a cell
         assert [tok.decode([i]) for i in tok.encode(row)] == list(row), row
 
