@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 from ragen_jax.models import KVCache, Qwen2ForCausalLM, QwenConfig, positions_from_mask
+from ragen_jax.models.qwen import attention_blocks
 
 TOL = 1e-4
 CFG = QwenConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -106,3 +107,33 @@ def test_logits_at_selects_positions(model):
     assert part.shape == (3, 1, 512)
     np.testing.assert_allclose(np.asarray(part[:, 0]), np.asarray(full)[np.arange(3), idx],
                                atol=1e-5)
+
+
+def test_attention_blocks_divide_the_per_device_batch():
+    cfg = CFG.replace(attention_block_bytes=4 * 4 * 8 * 8 * 3)  # 3 rows of [H, T=8, S=8] scores
+    assert attention_blocks(cfg, 12, 8, 8) == 4  # 12 rows in blocks of 3
+    assert attention_blocks(cfg, 10, 8, 8) == 5  # fewest blocks >= 10 / 3 that divide 10
+    assert attention_blocks(cfg, 16, 8, 8, shards=4) == 2  # 4 rows per device: 2 blocks of 2
+    assert attention_blocks(cfg, 2, 8, 8) == 1  # fits
+    assert attention_blocks(cfg, 10, 8, 8, shards=4) == 1  # uneven shards: left to XLA
+    assert attention_blocks(CFG.replace(attention_block_bytes=0), 64, 64, 64) == 1  # off
+
+
+def test_blocked_attention_equals_whole_batch():
+    """Cached calls with attention in row blocks give the logits of the whole batch at once."""
+    rng = np.random.RandomState(3)
+    b, t = 6, 9
+    tokens = jnp.asarray(rng.randint(0, 512, (b, t)))
+    mask = jnp.asarray(rng.rand(b, t) < 0.8).at[:, -1].set(True)
+    outs = []
+    row_bytes = 4 * CFG.num_attention_heads * 5 * 16  # the prefill's [H, T, S] float32 scores
+    for budget, blocks in ((0, 1), (1, b), (2 * row_bytes, 3)):  # off; 1 row, 2 rows per block
+        cfg = CFG.replace(attention_block_bytes=budget)
+        graphdef, state = nnx.split(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)))
+        assert attention_blocks(cfg, b, 5, 16) == blocks
+        prefill, cache = _step(graphdef, state, tokens[:, :5], mask[:, :5], KVCache.init(cfg, b, 16))
+        chunk, _ = _step(graphdef, state, tokens[:, 5:], mask[:, 5:], cache)
+        outs.append([np.asarray(prefill), np.asarray(chunk)])
+    for whole, blocked, blocked2 in zip(*outs, strict=True):
+        np.testing.assert_allclose(blocked2, whole, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(blocked, whole, atol=1e-5, rtol=0)
