@@ -40,6 +40,7 @@ PRESETS = {"tiny": QwenConfig.tiny, "0.5b": QwenConfig.qwen2_5_0_5b}
 
 
 def bench_ours(model, prompts, new):
+    """(warm seconds, compile seconds, tokens) of one ``new``-token greedy call."""
     sampler = Sampler(model)
     sp = SamplingParams(max_new_tokens=new, temperature=0.0)
     t0 = time.perf_counter()
@@ -55,6 +56,7 @@ def bench_ours(model, prompts, new):
 
 
 def bench_hf(hf, prompts, new):
+    """(seconds, tokens) of one ``new``-token greedy ``generate`` call (after a warm-up)."""
     import torch
 
     ids = torch.tensor(prompts, dtype=torch.long)
@@ -67,6 +69,12 @@ def bench_hf(hf, prompts, new):
         out = hf.generate(ids, **kw)
         dt = time.perf_counter() - t0
     return dt, out[:, ids.shape[1]:].numpy()
+
+
+def split_time(total_s: float, first_s: float, new: int) -> tuple[float, float]:
+    """(prefill seconds, decode milliseconds per token) from a ``new``-token call and a
+    1-token call (prefill and the first sampled token) on the same prompts."""
+    return first_s, 1e3 * (total_s - first_s) / max(new - 1, 1)
 
 
 def work_gflop(cfg: QwenConfig, batch: int, prompt: int, new: int) -> float:
@@ -147,19 +155,23 @@ def main():
         for b in size_batches:
             prompts = rng.randint(10, cfg.vocab_size, (b, args.prompt)).tolist()
             ours, compile_s, our_tokens = bench_ours(model, prompts, args.new)
+            ours_split = split_time(ours, bench_ours(model, prompts, 1)[0], args.new)
             if hf is not None:
                 theirs, hf_tokens = bench_hf(hf, prompts, args.new)
+                theirs_split = split_time(theirs, bench_hf(hf, prompts, 1)[0], args.new)
                 agree = float((hf_tokens == our_tokens).all(axis=1).mean())
             else:
-                theirs, agree = float("nan"), float("nan")
+                theirs, agree, theirs_split = float("nan"), float("nan"), (float("nan"),) * 2
             n = b * args.new
             work = work_gflop(cfg, b, args.prompt, args.new)
             row = (size, b, n / ours, n / theirs, theirs / ours, compile_s, agree, work,
-                   work / ours, work / theirs, 3 * work / theirs)
+                   work / ours, work / theirs, 3 * work / theirs, *ours_split, *theirs_split)
             rows.append(row)
             print("{:>5} B={:<4} ours {:9.1f} tok/s  transformers {:9.1f} tok/s  x{:5.2f}  "
                   "compile {:5.1f}s  greedy rows equal {:.2f}  work {:.1f} GFLOP: ours {:.0f} "
-                  "GFLOP/s, transformers {:.0f}, 3x needs {:.0f}".format(*row), flush=True)
+                  "GFLOP/s, transformers {:.0f}, 3x needs {:.0f}; prefill s / decode ms per "
+                  "token: ours {:.3f} / {:.2f}, transformers {:.3f} / {:.2f}".format(*row),
+                  flush=True)
 
     lines = [
         "# Sampler throughput: ours (JAX, jitted) vs transformers `generate` (torch CPU)",
@@ -178,9 +190,20 @@ def main():
         "greedy rows identical | work GFLOP | ours GFLOP/s | transformers GFLOP/s | 3x needs GFLOP/s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for size, b, o, t, x, c, a, w, og, tg, need in rows:
+    for size, b, o, t, x, c, a, w, og, tg, need, *_ in rows:
         lines.append(f"| {size} | {b} | {o:.1f} | {t:.1f} | {x:.2f}x | {c:.1f} | {a:.2f} | "
                      f"{w:.1f} | {og:.0f} | {tg:.0f} | {need:.0f} |")
+    lines += [
+        "",
+        "Where the time goes: prefill = a 1-token call (the prompt and the first sampled token); "
+        "decode = the rest of the call per generated token.",
+        "",
+        "| model | batch | ours prefill s | transformers prefill s | ours decode ms/token-step "
+        "| transformers decode ms/token-step |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for size, b, *_, op, od, tp, td in rows:
+        lines.append(f"| {size} | {b} | {op:.3f} | {tp:.3f} | {od:.2f} | {td:.2f} |")
     table = "\n".join(lines) + "\n"
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(table)

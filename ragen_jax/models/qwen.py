@@ -377,22 +377,28 @@ class Qwen2Attention(nnx.Module):
         self.o_proj = Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False,
                              spec=("fsdp", "tensor"), **kw)
 
-    def __call__(self, x, positions, attn_mask, layer_cache=None, index=None, blocks=1):
+    def __call__(self, x, positions, attn_mask, layer_cache=None, index=None, blocks=1,
+                 rows=None):
         """x [B, T, E]; attn_mask [B, T, S] bool (True = may attend).
 
         Without a cache, S = T and keys are this call's tokens. With ``layer_cache = (k, v)``
         of shapes [B, K, D, S] and [B, K, S, D], the new keys/values are written at slot
         ``index`` and the updated ``(k, v)`` is returned. ``blocks`` > 1 computes attention
-        over that many blocks of batch rows, one after the other (see ``attend``).
+        over that many blocks of batch rows, one after the other (see ``attend``). With
+        ``rows`` [B], keys and values come from all T tokens but only token ``rows[b]`` of
+        each row queries: the output is [B, 1, E].
         """
         c = self.config
         b, t, _ = x.shape
-        q = self.q_proj(x).reshape(b, t, c.num_attention_heads, c.head_dim)  # [B, T, H, D]
         k = self.k_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim)  # [B, T, K, D]
         v = self.v_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim)  # [B, T, K, D]
-        q = rope(q, positions, c.rope_theta)
         k = rope(k, positions, c.rope_theta).transpose(0, 2, 3, 1)  # [B, K, D, T]
         v = v.transpose(0, 2, 1, 3)  # [B, K, T, D]
+        if rows is not None:
+            x, positions, attn_mask = (take_rows(a, rows) for a in (x, positions, attn_mask))
+            t = 1
+        q = self.q_proj(x).reshape(b, t, c.num_attention_heads, c.head_dim)  # [B, T, H, D]
+        q = rope(q, positions, c.rope_theta)
         if layer_cache is not None:
             ck, cv = layer_cache
             k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, 0, 0, index))
@@ -404,6 +410,12 @@ class Qwen2Attention(nnx.Module):
         out = attend(q, k, v, attn_mask, blocks)  # [B, K, G, T, D]
         out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, c.num_attention_heads * c.head_dim)
         return self.o_proj(out), layer_cache
+
+
+def take_rows(a: jax.Array, rows: jax.Array) -> jax.Array:
+    """``a[b, rows[b]]`` for every b, keeping a length-1 axis: [B, T, ...] -> [B, 1, ...]."""
+    index = rows.astype(jnp.int32).reshape(-1, 1, *([1] * (a.ndim - 2)))
+    return jnp.take_along_axis(a, index, axis=1)
 
 
 def attend(q, k, v, attn_mask, blocks: int = 1):
@@ -471,9 +483,12 @@ class Qwen2DecoderLayer(nnx.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config)
         self.mlp = Qwen2MLP(config, rngs=rngs)
 
-    def __call__(self, x, positions, attn_mask, layer_cache=None, index=None, blocks=1):
+    def __call__(self, x, positions, attn_mask, layer_cache=None, index=None, blocks=1,
+                 rows=None):
         h, layer_cache = self.self_attn(self.input_layernorm(x), positions, attn_mask,
-                                        layer_cache, index, blocks)
+                                        layer_cache, index, blocks, rows)
+        if rows is not None:  # only these tokens go on: [B, 1, E]
+            x = take_rows(x, rows)
         x = x + h
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, layer_cache
@@ -503,10 +518,12 @@ class Qwen2Model(nnx.Module):
         return jax.lax.with_sharding_constraint(x, sharding)
 
     def __call__(self, tokens: jax.Array, positions: jax.Array,
-                 attention_mask: jax.Array | None = None, cache: KVCache | None = None
-                 ) -> tuple[jax.Array, KVCache | None]:
+                 attention_mask: jax.Array | None = None, cache: KVCache | None = None,
+                 rows: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
         """The final normed hidden states [B, T, E] and the updated cache (see
-        ``Qwen2ForCausalLM.__call__`` for the arguments)."""
+        ``Qwen2ForCausalLM.__call__`` for the arguments). With ``rows`` [B] the states of
+        token ``rows[b]`` only, [B, 1, E]: the last layer then runs its queries, output
+        projection and MLP on that token alone (every layer still fills the cache)."""
         b, t = tokens.shape
         mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
         x = self._constrain(self.embed_tokens(tokens))  # [B, T, E]
@@ -523,15 +540,19 @@ class Qwen2Model(nnx.Module):
             attn_mask = (slots[None, :] <= query_slot[:, None])[None] & valid[:, None, :]
             kv = list(zip(cache.k, cache.v, strict=True))
 
-        blocks = 1
+        blocks = last_blocks = 1
         if cache is not None:
             sharding = self.activation_sharding
             shards = 1 if sharding is None else (sharding.mesh.shape["data"]
                                                  * sharding.mesh.shape["fsdp"])
             blocks = attention_blocks(self.config, b, t, cache.size, shards)
+            last_blocks = blocks if rows is None else attention_blocks(
+                self.config, b, 1, cache.size, shards)
         new_kv = []
-        for layer, layer_cache in zip(self.layers, kv, strict=True):
-            x, layer_cache = layer(x, positions, attn_mask, layer_cache, index, blocks)
+        for i, (layer, layer_cache) in enumerate(zip(self.layers, kv, strict=True)):
+            last = i == len(self.layers) - 1
+            x, layer_cache = layer(x, positions, attn_mask, layer_cache, index,
+                                   last_blocks if last else blocks, rows if last else None)
             x = self._constrain(x)
             new_kv.append(layer_cache)
 
@@ -580,14 +601,13 @@ class Qwen2ForCausalLM(nnx.Module):
           cache: optional ``KVCache``; the tokens are appended at ``cache.index`` (the caller
             must leave room: ``cache.index + T <= cache.size``, slots past the end are lost).
           logits_at: optional [B] index into T; then logits are computed only there and have
-            shape [B, 1, V] (saves the vocabulary projection during prefill).
+            shape [B, 1, V] (saves the vocabulary projection during prefill, and the last
+            layer's work on every other token).
 
         Returns:
           ``(logits [B, T, V] float32, updated cache or None)``.
         """
-        x, new_cache = self.model(tokens, positions, attention_mask, cache)  # [B, T, E]
-        if logits_at is not None:
-            x = jnp.take_along_axis(x, logits_at[:, None, None].astype(jnp.int32), axis=1)
+        x, new_cache = self.model(tokens, positions, attention_mask, cache, logits_at)  # [B, T, E]
         if self.lm_head is None:
             logits = self.model.embed_tokens.attend(x)
         else:

@@ -137,3 +137,28 @@ def test_blocked_attention_equals_whole_batch():
     for whole, blocked, blocked2 in zip(*outs, strict=True):
         np.testing.assert_allclose(blocked2, whole, atol=1e-5, rtol=0)
         np.testing.assert_allclose(blocked, whole, atol=1e-5, rtol=0)
+
+
+@jax.jit
+def _at(graphdef, state, tokens, mask, rows, cache):
+    model = nnx.merge(graphdef, state)
+    return model(tokens, positions_from_mask(mask), mask, cache, logits_at=rows)[0]
+
+
+def test_logits_at_equal_the_full_forward_there(model):
+    """``logits_at`` (the last layer runs only the asked-for token) gives the full forward's
+    logits at those tokens, with and without a cache."""
+    rng = np.random.RandomState(5)
+    b, t = 4, 10
+    tokens = rng.randint(0, 512, (b, t))
+    mask = np.ones((b, t), bool)
+    mask[0, :3] = False  # left padding
+    mask[1, 7:] = False  # right padding
+    rows = np.array([9, 6, 0, 4])
+    ref = _full(model, tokens, mask)[np.arange(b), rows]  # [B, V]
+    graphdef, state = nnx.split(model)
+    args = (jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(rows))
+    for cache in (None, KVCache.init(CFG, b, 16)):
+        got = np.asarray(_at(graphdef, state, *args, cache))
+        assert got.shape == (b, 1, CFG.vocab_size)
+        assert np.abs(got[:, 0] - ref).max() <= TOL
