@@ -508,14 +508,19 @@ class Qwen2Model(nnx.Module):
         # MaxText's activation constraints do; without it XLA may replicate them.
         self.activation_sharding = None
 
-    def _constrain(self, x):
+    def _batch_shards(self) -> int:
+        """How many ways ``activation_sharding`` splits the batch (1 without a mesh)."""
         sharding = self.activation_sharding
         if sharding is None:
+            return 1
+        return sharding.mesh.shape["data"] * sharding.mesh.shape["fsdp"]
+
+    def _constrain(self, x):
+        if self.activation_sharding is None:
             return x
-        shards = sharding.mesh.shape["data"] * sharding.mesh.shape["fsdp"]
-        if x.shape[0] % shards:  # e.g. a sampler batch of 1 on 8 devices: leave it to XLA
+        if x.shape[0] % self._batch_shards():  # e.g. a sampler batch of 1 on 8 devices: leave it to XLA
             return x
-        return jax.lax.with_sharding_constraint(x, sharding)
+        return jax.lax.with_sharding_constraint(x, self.activation_sharding)
 
     def __call__(self, tokens: jax.Array, positions: jax.Array,
                  attention_mask: jax.Array | None = None, cache: KVCache | None = None,
@@ -542,9 +547,7 @@ class Qwen2Model(nnx.Module):
 
         blocks = last_blocks = 1
         if cache is not None:
-            sharding = self.activation_sharding
-            shards = 1 if sharding is None else (sharding.mesh.shape["data"]
-                                                 * sharding.mesh.shape["fsdp"])
+            shards = self._batch_shards()
             blocks = attention_blocks(self.config, b, t, cache.size, shards)
             last_blocks = blocks if rows is None else attention_blocks(
                 self.config, b, 1, cache.size, shards)
@@ -607,7 +610,8 @@ class Qwen2ForCausalLM(nnx.Module):
         Returns:
           ``(logits [B, T, V] float32, updated cache or None)``.
         """
-        x, new_cache = self.model(tokens, positions, attention_mask, cache, logits_at)  # [B, T, E]
+        # [B, T, E], or [B, 1, E] with logits_at
+        x, new_cache = self.model(tokens, positions, attention_mask, cache, logits_at)
         if self.lm_head is None:
             logits = self.model.embed_tokens.attend(x)
         else:
