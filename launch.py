@@ -5,8 +5,8 @@
     python launch.py --config configs/sokoban.py:qwen2.5-0.5b --config.model.path=/models/Qwen2.5-0.5B-Instruct
     python launch.py --config configs/sokoban.py --config.algorithm.adv_estimator=gae --config.trainer.total_steps=50
 
-Any field of ``configs/base.py`` can be overridden with ``--config.<a>.<b>=value``; an
-unknown or ill-typed field is a one-line error naming it. The resolved config is printed and
+Any field of the run config (``ragen_jax/schema.py`` lists and documents them) can be
+overridden with ``--config.<a>.<b>=value``; an unknown or ill-typed field is a one-line error naming it. The resolved config is printed and
 saved as ``<output_dir>/config.json``; rerunning the same command resumes from the last
 checkpoint there. The environment demo moved to ``python -m ragen_jax.envs.demo``.
 """
@@ -25,9 +25,10 @@ def main(argv: list[str]) -> None:
 
     try:
         config = load_config(argv[1:], prog="launch.py", default=str(ROOT / "configs/sokoban.py"))
-        from ragen_jax import distributed
+        from ragen_jax import distributed, schema
 
-        distributed.initialize(config.distributed)  # before anything starts JAX's backend
+        run_config = schema.from_config_dict(config)  # every field checked, one-line errors
+        distributed.initialize(run_config.distributed)  # before anything starts JAX's backend
     except ValueError as e:
         raise SystemExit(f"launch.py: {e}") from None
     import jax
@@ -37,8 +38,8 @@ def main(argv: list[str]) -> None:
     if jax.process_index() == 0:
         print(config, flush=True)
     try:
-        summary = train.run(config)
-    except (train.ConfigError, FileNotFoundError) as e:
+        summary = train.run(run_config)
+    except (schema.ConfigError, FileNotFoundError) as e:
         raise SystemExit(f"launch.py: {e}") from None
     if jax.process_index() != 0:
         return

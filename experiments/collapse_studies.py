@@ -1,4 +1,4 @@
-"""Miniature collapse studies of issue 6 on this CPU: filtering, algorithms, reasoning regimes.
+"""Miniature collapse studies on this CPU: filtering, algorithms, reasoning regimes.
 
 What: three small reproductions of RAGEN's (V1 StarPO-S, V2 SNR-adaptive filtering and
 collapse diagnostics) claims with the ``tiny`` presets, each under one wall-clock budget for
@@ -238,7 +238,7 @@ def seed_step0(run: Run, donor: Path) -> None:
     """Starts ``run`` from ``donor``'s step-0 checkpoint and step-0 metrics (warm-start and
     validation before training), so the launched run resumes at step 0 and skips both: the
     result is the one it would have computed itself (same env, seed and warm-start config;
-    resuming continues as the uninterrupted run would, DESIGN decision 7)."""
+    a resumed run continues as the uninterrupted run would)."""
     shutil.copytree(donor / "checkpoints" / "0", run.out / "checkpoints" / "0")
     lines = (donor / "metrics.jsonl").read_text().splitlines()
     step0 = [ln for ln in lines if ln.strip() and json.loads(ln)["step"] == 0]

@@ -2,9 +2,8 @@
 
 Runs ``launch.py`` on ``configs/bandit.py``, ``configs/frozenlake.py`` and
 ``configs/sokoban.py`` (tiny preset, fresh output folders under
-``experiments/results/runs/``), each under a wall-clock budget (10 / 20 / 20 minutes, the
-acceptance budgets of issue 8; the run stops at the first checkpoint after the budget via
-SIGTERM, which saves and exits), then writes per-run curves (PNG: success, score, entropy,
+``experiments/results/runs/``), each under a wall-clock budget (10 / 20 / 20 minutes; the
+run stops at the first checkpoint after the budget via SIGTERM, which saves and exits), then writes per-run curves (PNG: success, score, entropy,
 response length vs step) and ``experiments/results/learning_curves.md``: validation
 success of the warm-started policy (step 0), the best and last validation success, the
 wall time, and the first-turn I(X;Z) estimate with retrieval@1 against chance at the first

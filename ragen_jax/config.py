@@ -1,5 +1,10 @@
 """Loading a run config: ``--config path[:preset]`` plus ``--config.a.b=value`` overrides.
 
+The same loader serves ``launch.py``, ``python -m ragen_jax.eval`` and
+``python -m ragen_jax.export``; the latter two can start from a run folder's saved
+``config.json`` (``load_run_config``) instead of a config file. The fields, defaults and
+their documentation are ``ragen_jax/schema.py``'s.
+
 The config file is a Python module with ``get_config(preset)`` returning an ml_collections
 ``ConfigDict`` (ml_collections' config-file convention). The config is locked before
 overrides, so a misspelt field is an error, and ``ConfigDict``'s type checks reject an
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -65,7 +71,7 @@ def override(config: ConfigDict, field: str, text: str) -> None:
     value = parse_value(text)
     is_open = any(field.startswith(p + ".") for p in OPEN_FIELDS)
     if leaf not in node and not is_open:
-        raise ValueError(f"--config.{field}: unknown field (see configs/base.py)")
+        raise ValueError(f"--config.{field}: unknown field (see ragen_jax/schema.py)")
     if isinstance(value, dict):
         value = ConfigDict(value)
     try:
@@ -78,10 +84,21 @@ def override(config: ConfigDict, field: str, text: str) -> None:
         raise ValueError(f"--config.{field}={text}: {str(e).splitlines()[0]}") from None
 
 
-def load_config(args: Sequence[str], *, prog: str = "ragen_jax", default: str | None = None
-                ) -> ConfigDict:
-    """The config named by ``args`` (command-line words after the program name)."""
-    spec, overrides = default, []
+def load_run_config(run_dir: str | Path) -> ConfigDict:
+    """The config a training run saved in ``run_dir/config.json``, pointed at ``run_dir``."""
+    file = Path(run_dir) / "config.json"
+    if not file.is_file():
+        raise FileNotFoundError(f"--checkpoint: {run_dir} is not a run folder (no config.json)")
+    config = ConfigDict(json.loads(file.read_text()))
+    config.trainer.output_dir = str(run_dir)
+    return config
+
+
+def load_config(args: Sequence[str], *, prog: str = "ragen_jax", default: str | None = None,
+                base: ConfigDict | None = None) -> ConfigDict:
+    """The config named by ``args`` (command-line words after the program name): the
+    ``--config`` file (else ``base``, else the ``default`` file) with the overrides."""
+    spec, overrides = None, []
     args = list(args)
     i = 0
     while i < len(args):
@@ -102,9 +119,11 @@ def load_config(args: Sequence[str], *, prog: str = "ragen_jax", default: str | 
             raise ValueError(f"{prog}: unexpected argument {a!r} (only --config and "
                              f"--config.<field>=value)")
         i += 1
-    if spec is None:
+    if spec is None and base is None:
+        spec = default
+    if spec is None and base is None:
         raise ValueError("--config is required, e.g. --config configs/sokoban.py")
-    config = load_file(spec)
+    config = load_file(spec) if spec is not None else base
     config.lock()
     for field, text in overrides:
         override(config, field, text)

@@ -1,9 +1,10 @@
 """Supervised stages before RL: a format-only warm-start and SFT on chat trajectories.
 
 * ``warmstart_data``: plays the env with answers built from *random valid actions* (never
-  from a solver), through the same multi-turn rollout and chat format as RL, so the policy
-  learns only the answer format (``<answer>Up || Left</answer>`` and the end-of-turn token),
-  not the task. The tiny preset needs this: a random-init model cannot emit a parsable answer.
+  from a solver; ``rollout.scripted.RandomActionPolicy``), through the same multi-turn
+  rollout and chat format as RL, so the policy learns only the answer format
+  (``<answer>Up || Left</answer>`` and the end-of-turn token), not the task. The tiny preset
+  needs this: a random-init model cannot emit a parsable answer.
 * ``conversation_data``: a JSONL of chat trajectories (``{"messages": [{"role", "content"},
   ...]}``, system first; the ``trajectories.jsonl`` our evaluation writes qualifies), tokenised
   with the model's chat template; the loss covers assistant contents and their end-of-turn.
@@ -23,16 +24,17 @@ import numpy as np
 import optax
 from flax import nnx
 
-from ragen_jax.rollout.agent import AgentRollout, RolloutConfig, ScriptedPolicy
-from ragen_jax.rollout.context import ChatFormat
+from ragen_jax.rollout.agent import AgentRollout, RolloutConfig, row_state
+from ragen_jax.rollout.context import ChatFormat, ContextConfig
+from ragen_jax.rollout.scripted import RandomActionPolicy
 from ragen_jax.starpo.update import token_logprobs
 
 
 def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutConfig,
                    episodes: int, seed: int, *, legal_only: bool = False,
                    metrics: dict | None = None) -> dict[str, np.ndarray]:
-    """Token arrays (``input_ids``, ``attention_mask``, ``position_ids``, ``loss_mask``) of
-    about ``episodes`` episodes answered with random valid actions.
+    """Token arrays (``input_ids``, ``attention_mask``, ``position_ids``, ``loss_mask``,
+    ``group_ids``) of about ``episodes`` episodes answered by ``RandomActionPolicy``.
 
     The warm-start must teach the format and no preference: episodes come in groups that
     share an initial state, one per valid action, and each answers its first turn with a
@@ -48,57 +50,13 @@ def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutCon
     left that point. ``metrics``, when given, receives the generated episodes' rollout metrics
     (without the env tag: ``action_is_effective``, ``success``, ...).
     """
-    rng = np.random.default_rng(seed)
     rollout = AgentRollout(env, env_params, tokenizer, config)
-    chat, ctx = rollout.chat, config.context
-    _, first = rollout._reset(jax.random.key(0)[None], env_params)
-    n_actions = len(env.action_names_for(jax.tree.map(lambda x: x[0], jax.device_get(first))))
+    _, first = rollout.reset_envs(np.zeros(1, np.int64))
+    n_actions = len(env.action_names_for(row_state(first, 0)))
     groups = max(1, episodes // n_actions)
     group_seeds = 2**30 + seed * 100_003 + np.arange(groups)  # far from train/val seeds
-    keys = jax.vmap(jax.random.key)(jnp.asarray(np.repeat(group_seeds, n_actions), jnp.uint32))
-    _, states = rollout._reset(keys, env_params)
-    host = jax.device_get(states)
-    names = [tuple(env.action_names_for(jax.tree.map(lambda x, i=i: x[i], host)))
-             for i in range(groups * n_actions)]
-    think = "</think>" if ctx.enable_think else ""
-    open_answer = "<answer>" if ctx.enable_think or not ctx.prefill_tag else ""
-    if not ctx.prefill_tag and ctx.enable_think:
-        think = "<think></think>"
-    try_keys = jax.vmap(jax.random.key)(jnp.arange(n_actions, dtype=jnp.uint32))
-    try_acts = np.zeros((n_actions, ctx.max_actions_per_turn), np.int32)
-    try_acts[:, 0] = np.arange(n_actions)
-
-    def effective(state):  # one env's state -> (legal action ids, state after each, ended)
-        tiled = jax.tree.map(lambda x: np.repeat(np.asarray(x)[None], n_actions, 0), state)
-        nxt, _, _, n_eff, term, trunc, _ = jax.device_get(rollout._step(
-            tiled, env_params, try_acts, np.ones(n_actions, np.int32), try_keys))
-        legal = np.flatnonzero(n_eff > 0)
-        return (legal if legal.size else np.arange(n_actions)), nxt, term | trunc
-
-    def pick(row: int, call: int, k: int) -> list[int]:
-        if not legal_only:
-            picks = rng.integers(0, len(names[row]), size=k)
-            if call == 0:  # the group's rows open with every action once
-                picks[0] = row % n_actions
-            return [int(a) for a in picks]
-        state = jax.tree.map(lambda x: x[row], rollout.turn_states)
-        picks: list[int] = []
-        for j in range(k):
-            legal, nxt, ended = effective(state)
-            a = int(legal[row % len(legal)] if call == 0 and j == 0 else rng.choice(legal))
-            picks.append(a)
-            if ended[a]:
-                break
-            state = jax.tree.map(lambda x, a=a: x[a], nxt)
-        return picks
-
-    def script(row: int, call: int, _prompt: list[int]) -> list[int]:
-        k = int(rng.integers(1, ctx.max_actions_per_turn + 1))
-        acts = [names[row][a] for a in pick(row, call, k)]
-        text = f"{think}{open_answer}{f' {ctx.action_sep} '.join(acts)}</answer>"
-        return tokenizer(text, add_special_tokens=False)["input_ids"] + [chat.eot_id]
-
-    policy = ScriptedPolicy(script, pad_id=chat.pad_id)
+    policy = RandomActionPolicy(env, env_params, tokenizer, config.context, seed,
+                                legal_only=legal_only)
     batch = rollout.collect(policy, group_seeds, jax.random.key(seed), group_size=n_actions)
     if batch.metrics[f"{rollout.tag}/format_error_rate"] > 0:
         raise AssertionError("warm-start answers do not parse; the chat format changed?")
@@ -113,7 +71,7 @@ def conversation_data(path: str | os.PathLike, tokenizer: Any, *, max_len: int,
                       pad_multiple: int = 64) -> dict[str, np.ndarray]:
     """Token arrays from a JSONL of ``{"messages": [...]}`` conversations (see module doc).
     Conversations longer than ``max_len`` tokens are cut there."""
-    chat = ChatFormat(tokenizer, _plain_context())
+    chat = ChatFormat(tokenizer, ContextConfig(prefill_tag=False))
     rows, masks = [], []
     for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -153,12 +111,6 @@ def conversation_data(path: str | os.PathLike, tokenizer: Any, *, max_len: int,
         out["loss_mask"][b, :len(r)] = m
     out["position_ids"] = np.maximum(np.cumsum(out["attention_mask"], 1) - 1, 0).astype(np.int32)
     return out
-
-
-def _plain_context():
-    from ragen_jax.rollout.context import ContextConfig
-
-    return ContextConfig(prefill_tag=False)
 
 
 def sft_loss(model: Any, batch: dict[str, jax.Array]) -> jax.Array:

@@ -87,12 +87,15 @@ def _arrays(run: Path, step: int) -> dict[str, np.ndarray]:
     import jax
     import orbax.checkpoint as ocp
 
-    path = run / "checkpoints" / str(step) / "arrays"
-    ckpt = ocp.StandardCheckpointer()
-    meta = ckpt.metadata(path).item_metadata  # saved on 4 devices; read onto this process's one
-    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    target = {k: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one) for k, m in meta.items()}
-    return {k: np.asarray(v) for k, v in ckpt.restore(path, target).items()}
+    out = {}
+    for item in ("actor", "state"):
+        path = run / "checkpoints" / str(step) / item
+        ckpt = ocp.StandardCheckpointer()
+        meta = ckpt.metadata(path).item_metadata  # saved on 4 devices; read onto this process's one
+        one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        target = {k: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one) for k, m in meta.items()}
+        out |= {f"{item}/{k}": np.asarray(v) for k, v in ckpt.restore(path, target).items()}
+    return out
 
 
 def _comparable(metrics: dict[str, float]) -> dict[str, float]:
@@ -175,7 +178,7 @@ def test_an_incomplete_checkpoint_is_ignored(tmp_path):
 
     store = CheckpointStore(tmp_path / "ckpt")
     state = {"w": jnp.arange(4.0)}
-    store.save(2, state, {"step": 2})
+    store.save(2, {"arrays": state}, {"step": 2})
     store.close()
     # A save cut off mid-write leaves orbax's temporary folder: it is not a checkpoint.
     partial = tmp_path / "ckpt" / "4.orbax-checkpoint-tmp-1234567890"
@@ -183,7 +186,7 @@ def test_an_incomplete_checkpoint_is_ignored(tmp_path):
     (partial / "arrays" / "garbage").write_bytes(b"\0" * 16)
     store = CheckpointStore(tmp_path / "ckpt")
     assert store.latest_step() == 2
-    restored, meta = store.restore(2, state)
-    np.testing.assert_array_equal(np.asarray(restored["w"]), np.arange(4.0))
+    restored, meta = store.restore(2, {"arrays": state})
+    np.testing.assert_array_equal(np.asarray(restored["arrays"]["w"]), np.arange(4.0))
     assert meta["step"] == 2
     store.close()

@@ -7,13 +7,14 @@ from ragen_jax import eval as ev
 
 def test_eval_writes_metrics_trajectories_and_viewer(tmp_path, capsys):
     out = tmp_path / "eval"
-    summary = ev.main(["--groups", "2", "--group-size", "2", "--max-turn", "2",
-                       "--response-length", "16", "--tiny-hidden", "64", "--tiny-layers", "2",
-                       "--out", str(out)])
+    summary = ev.main(["--config.rollout.val_groups=2", "--config.rollout.val_group_size=2",
+                       "--config.rollout.max_turn=2", "--config.rollout.response_length=16",
+                       "--config.rollout.enable_think=True", "--config.model.hidden_size=64",
+                       "--config.model.num_hidden_layers=2", "--out", str(out)])
     printed = capsys.readouterr().out
     assert "Sokoban/success" in printed and "tiny random model" in printed
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["episodes"] == 4 and metrics["settings"]["temperature"] == 0.5
+    assert metrics["episodes"] == 4 and metrics["config"]["rollout"]["val_temperature"] == 0.5
     for key in ("success", "num_actions", "action_is_effective", "action_is_valid",
                 "format_error_rate", "pass@2", "response_length", "episodic_return"):
         assert f"Sokoban/{key}" in metrics["metrics"], key
@@ -40,7 +41,9 @@ def test_viewer_escapes_model_text():
             "turns": [{"turn": 1, "state": "#P#", "think": evil, "response": evil,
                        "actions": [evil], "executed": [], "reward": 0.0, "penalty": -0.1,
                        "format_error": "tags"}]}
-    page = ev.render_html([traj], {"model": evil, "env": "x", "metrics": {evil: 1.0}})
+    from ragen_jax.viewer import render_html
+
+    page = render_html([traj], {"model": evil, "env": "x", "metrics": {evil: 1.0}})
     assert "<script" not in page and "<img" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
 
@@ -51,5 +54,13 @@ def test_bad_model_folder_is_one_line_error(tmp_path):
     from ragen_jax import eval as ragen_eval
 
     with pytest.raises(SystemExit) as exc:
-        ragen_eval.main(["--model", str(tmp_path / "missing"), "--out", str(tmp_path / "out")])
-    assert "model folder not found" in str(exc.value) and "\n" not in str(exc.value)
+        ragen_eval.main([f"--config.model.path={tmp_path / 'missing'}", "--out", str(tmp_path / "out")])
+    assert "model.path: no such folder" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_unknown_override_is_one_line_error(tmp_path):
+    import pytest
+
+    with pytest.raises(SystemExit) as exc:
+        ev.main(["--config.rollout.val_grups=2", "--out", str(tmp_path / "out")])
+    assert "--config.rollout.val_grups: unknown field" in str(exc.value) and "\n" not in str(exc.value)

@@ -12,7 +12,7 @@ from ragen_jax.envs import make
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
 from ragen_jax.models import tokenizer as tokenizers
 from ragen_jax.rollout.agent import RolloutConfig
-from ragen_jax.rollout.context import ContextConfig, parse_response
+from ragen_jax.rollout.context import parse_response
 from ragen_jax.sft import conversation_data, train_sft, warmstart_data
 
 
@@ -58,8 +58,8 @@ def test_bad_conversation_files_name_the_line(tok, tmp_path):
 @pytest.mark.parametrize("think", [False, True])
 def test_warmstart_answers_are_random_valid_actions_in_the_rollout_format(tok, think):
     env, params = make("frozenlake")
-    ctx = ContextConfig(enable_think=think)
-    cfg = RolloutConfig(max_turn=3, response_length=24, context=ctx)
+    cfg = RolloutConfig(max_turn=3, response_length=24, enable_think=think)
+    ctx = cfg.context
     data = warmstart_data(env, params, tok, cfg, episodes=16, seed=0)
     answers = set()
     for ids, mask in zip(data["input_ids"], data["loss_mask"], strict=True):
@@ -81,7 +81,7 @@ def test_warmstart_answers_every_prompt_with_every_action_first(tok):
     """No preference is taught: the episodes of one initial state open with each action once."""
     env, params = make("bandit")
     cfg = RolloutConfig(max_turn=1, max_actions_per_traj=1, response_length=16,
-                        context=ContextConfig(enable_think=False, max_actions_per_turn=1))
+                        enable_think=False, max_actions_per_turn=1)
     data = warmstart_data(env, params, tok, cfg, episodes=32, seed=0)
     ids, mask = data["input_ids"], data["loss_mask"]
     assert ids.shape[0] == 32
@@ -94,7 +94,7 @@ def test_warmstart_answers_every_prompt_with_every_action_first(tok):
 def test_train_sft_lowers_the_loss_and_updates_the_model(tok):
     env, params = make("bandit")
     cfg = RolloutConfig(max_turn=1, max_actions_per_traj=1, response_length=16,
-                        context=ContextConfig(enable_think=False, max_actions_per_turn=1))
+                        enable_think=False, max_actions_per_turn=1)
     data = warmstart_data(env, params, tok, cfg, episodes=16, seed=0)
     model = Qwen2ForCausalLM(QwenConfig.tiny(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                              num_attention_heads=4, num_key_value_heads=2, head_dim=16),
@@ -110,7 +110,7 @@ def test_train_sft_lowers_the_loss_and_updates_the_model(tok):
 @pytest.mark.parametrize("name", ["sokoban", "frozenlake"])
 def test_legal_only_warmstart_never_wastes_a_move(tok, name):
     env, params = make(name, **({"success_rate": 1.0} if name == "frozenlake" else {}))
-    cfg = RolloutConfig(max_turn=3, response_length=24, context=ContextConfig(enable_think=False))
+    cfg = RolloutConfig(max_turn=3, response_length=24, enable_think=False)
     random_stats, legal_stats = {}, {}
     warmstart_data(env, params, tok, cfg, episodes=32, seed=0, metrics=random_stats)
     data = warmstart_data(env, params, tok, cfg, episodes=32, seed=0, legal_only=True,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from flax import nnx
 
 from ragen_jax.config import load_config
 from ragen_jax.metrics import read_jsonl
@@ -20,9 +21,10 @@ from ragen_jax.metrics import read_jsonl
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def micro_config(out: Path, *, steps: int = 4, estimator: str = "grpo", extra: tuple = ()):
-    """Bandit on a 2-layer width-64 model: seconds per step on a CPU."""
-    args = ["--config", str(ROOT / "configs/bandit.py"),
+def micro_config(out: Path, *, steps: int = 4, estimator: str = "grpo", extra: tuple = (),
+                 env: str = "bandit"):
+    """Bandit (or ``env``) on a 2-layer width-64 model: seconds per step on a CPU."""
+    args = ["--config", str(ROOT / f"configs/{env}.py"),
             f"--config.trainer.output_dir={out}",
             f"--config.trainer.total_steps={steps}",
             "--config.trainer.save_freq=2", "--config.trainer.test_freq=2",
@@ -60,29 +62,36 @@ def test_config_overrides_and_errors():
 
 
 def test_presets_need_a_model_path(tmp_path):
-    from ragen_jax.train import ConfigError, validate
+    from ragen_jax.schema import ConfigError, from_config_dict
 
     c = load_config(["--config", str(ROOT / "configs/sokoban.py:qwen2.5-0.5b")])
     with pytest.raises(ConfigError, match="model.path is required"):
-        validate(c)
+        from_config_dict(c)
     c = load_config(["--config", str(ROOT / "configs/sokoban.py:qwen2.5-0.5b"),
                      f"--config.model.path={tmp_path / 'missing'}"])
     with pytest.raises(ConfigError, match="model.path: no such folder"):
-        validate(c)
+        from_config_dict(c)
 
 
 def test_launch_bad_override_is_one_line():
     r = subprocess.run([sys.executable, str(ROOT / "launch.py"), "--config", "configs/bandit.py",
                         "--config.actor.lrr=1"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode != 0
-    assert r.stderr.strip().splitlines() == ["launch.py: --config.actor.lrr: unknown field (see configs/base.py)"]
+    assert r.stderr.strip().splitlines() == ["launch.py: --config.actor.lrr: unknown field (see ragen_jax/schema.py)"]
+
+
+def test_launch_bad_value_is_one_line_naming_the_field():
+    r = subprocess.run([sys.executable, str(ROOT / "launch.py"), "--config", "configs/bandit.py",
+                        "--config.rollout.group_size=0"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines() == ["launch.py: rollout.group_size must be >= 1, got 0"]
 
 
 # -- pure pieces -------------------------------------------------------------------------------
 
 
 def test_select_rows_pads_kept_groups_by_copies():
-    from ragen_jax.train import select_rows
+    from ragen_jax.starpo.rows import select_rows
 
     group_ids = np.repeat(np.arange(4), 3)  # 4 groups of 3
     keep = np.array([True, False, True, False])
@@ -93,27 +102,34 @@ def test_select_rows_pads_kept_groups_by_copies():
 
 
 def test_turn_ends_mark_last_sampled_token_of_each_turn():
-    from ragen_jax.train import _turn_ends
+    from ragen_jax.starpo.rows import turn_ends
 
     loss = np.array([[0, 1, 1, 0, 0, 1, 0]], bool)
     turns = np.array([[1, 1, 1, 2, 2, 2, 0]], np.int16)
-    np.testing.assert_array_equal(_turn_ends(loss, turns), [[0, 0, 1, 0, 0, 1, 0]])
+    np.testing.assert_array_equal(turn_ends(loss, turns), [[0, 0, 1, 0, 0, 1, 0]])
 
 
 def test_early_stop_rules():
-    from ragen_jax.train import early_stop_reason
+    from types import SimpleNamespace
 
-    rules = dict(stop_empty_after_filter=2, stop_reward_std_collapse=True,
-                 stop_val_success_collapse=True)
-    meta = {"empty_streak": 2, "std_history": [], "std_low_streak": 0, "val_low_streak": 0}
-    assert early_stop_reason(rules, meta, {}, "T") == "empty_after_filter"
-    meta["empty_streak"] = 0
+    from ragen_jax.early_stopping import Streaks, early_stop_reason
+
+    rules = SimpleNamespace(stop_empty_after_filter=2, stop_reward_std_collapse=True,
+                            stop_val_success_collapse=True)
+    streaks = Streaks()
+    empty = {"train/update_skipped_empty": 1.0}
+    assert early_stop_reason(rules, streaks, empty, "T") is None
+    assert early_stop_reason(rules, streaks, {"train/batch_size": 8.0}, "T") is None  # resets
+    assert early_stop_reason(rules, streaks, empty, "T") is None
+    assert early_stop_reason(rules, streaks, empty, "T") == "empty_after_filter"
+    streaks = Streaks()
     for _ in range(10):  # the first ten steps set the reference std
-        assert early_stop_reason(rules, meta, {"rollout/in_group_reward_std": 1.0}, "T") is None
-    reasons = [early_stop_reason(rules, meta, {"rollout/in_group_reward_std": 0.05}, "T") for _ in range(10)]
+        assert early_stop_reason(rules, streaks, {"rollout/in_group_reward_std": 1.0}, "T") is None
+    reasons = [early_stop_reason(rules, streaks, {"rollout/in_group_reward_std": 0.05}, "T")
+               for _ in range(10)]
     assert reasons[:9] == [None] * 9 and reasons[9] == "reward_std_collapse"
-    meta = {"empty_streak": 0, "std_history": [], "std_low_streak": 0, "val_low_streak": 0}
-    reasons = [early_stop_reason(rules, meta, {"val-env/T/success": 0.0}, "T") for _ in range(5)]
+    streaks = Streaks()
+    reasons = [early_stop_reason(rules, streaks, {"val-env/T/success": 0.0}, "T") for _ in range(5)]
     assert reasons == [None] * 4 + ["val_success_collapse"]
 
 
@@ -221,13 +237,14 @@ def test_export_loads_in_transformers_with_the_same_greedy_actions(reference_run
     import jax
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ragen_jax.export import export, load_checkpoint
+    from ragen_jax.export import export
     from ragen_jax.rollout.context import ChatFormat, ContextConfig
     from ragen_jax.rollout.sampler import Sampler, SamplingParams
+    from ragen_jax.train_state import load_policy
 
     run_dir, _ = reference_run
     hf_dir = export(run_dir, tmp_path / "hf")
-    actor, tok, _, step = load_checkpoint(run_dir)
+    actor, tok, _, step = load_policy(run_dir)
     assert step == 4
     hf = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32).eval()
     hf_tok = AutoTokenizer.from_pretrained(hf_dir)
@@ -250,12 +267,58 @@ def test_export_loads_in_transformers_with_the_same_greedy_actions(reference_run
         assert theirs == ours[b, : lengths[b]].tolist()
 
 
+@pytest.mark.parametrize("env", ["bandit", "frozenlake"])
+def test_export_restores_the_actor_without_envs_or_optimizers(env, reference_run, tmp_path,
+                                                             monkeypatch):
+    import jax
+
+    import ragen_jax.envs.registry
+    import ragen_jax.rollout.sampler
+    import ragen_jax.starpo.step
+    import ragen_jax.starpo.update
+    import ragen_jax.train
+    from ragen_jax.export import main as export_main
+    from ragen_jax.models import from_pretrained
+    from ragen_jax.train_state import load_policy
+
+    if env == "bandit":
+        run_dir = reference_run[0]
+    else:
+        run_dir = tmp_path / "run"
+        _run(micro_config(run_dir, steps=1, env=env, extra=(
+            "--config.trainer.val_before_train=False", "--config.rollout.max_turn=2")))
+
+    def forbidden(*_a, **_k):
+        raise AssertionError("export built an env, a sampler or an optimizer")
+
+    for module, name in ((ragen_jax.envs.registry, "make"), (ragen_jax.train, "build_envs"),
+                         (ragen_jax.starpo.update, "make_optimizer"),
+                         (ragen_jax.starpo.step, "make_optimizer"),
+                         (ragen_jax.rollout.sampler.Sampler, "__init__")):
+        monkeypatch.setattr(module, name, forbidden)
+    out = export_main(["--checkpoint", str(run_dir), "--out", str(tmp_path / "hf")])
+    actor, _, run, step = load_policy(run_dir)
+    assert run.env.name == env and step == (4 if env == "bandit" else 1)
+    exported = from_pretrained(out)
+    for a, b in zip(jax.tree.leaves(nnx.state(actor, nnx.Param)),
+                    jax.tree.leaves(nnx.state(exported, nnx.Param)), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_export_of_a_missing_run_is_one_line(tmp_path):
+    from ragen_jax.export import main as export_main
+
+    with pytest.raises(SystemExit) as exc:
+        export_main(["--checkpoint", str(tmp_path / "nope"), "--out", str(tmp_path / "hf")])
+    assert "is not a run folder" in str(exc.value) and "\n" not in str(exc.value)
+
+
 def test_eval_from_checkpoint(reference_run, tmp_path):
     from ragen_jax.eval import main
 
     run_dir, _ = reference_run
-    summary = main(["--checkpoint", str(run_dir), "--groups", "4", "--out", str(tmp_path / "ev"),
-                    "--temperature", "0"])
+    summary = main(["--checkpoint", str(run_dir), "--config.rollout.val_groups=4",
+                    "--out", str(tmp_path / "ev"), "--config.rollout.val_temperature=0.0"])
     assert summary["env"] == "bandit" and summary["episodes"] == 4
     assert (tmp_path / "ev" / "viewer.html").is_file()
     # The run's prompt wording (the tiny preset's compact turn template) is used, so the
@@ -267,12 +330,15 @@ def test_eval_from_checkpoint(reference_run, tmp_path):
 
 
 def test_turn_template_reaches_the_prompt(tmp_path):
-    from ragen_jax.train import _rollout_config
+    from ragen_jax.schema import from_config_dict, resolve
 
-    default = _rollout_config(micro_config(tmp_path, extra=("--config.rollout.turn_template=",)))
-    assert "Always output" in default.context.turn_template  # RAGEN's wording
+    def context(config):
+        return resolve(from_config_dict(config)).rollout.context
+
+    default = context(micro_config(tmp_path, extra=("--config.rollout.turn_template=",)))
+    assert "Always output" in default.turn_template  # RAGEN's wording
     custom = micro_config(tmp_path, extra=("--config.rollout.turn_template=T{turn} {state} {actions_left}\n",))
-    assert _rollout_config(custom).context.turn_template == "T{turn} {state} {actions_left}\n"
+    assert context(custom).turn_template == "T{turn} {state} {actions_left}\n"
 
 
 _SHARDED = r"""

@@ -54,12 +54,14 @@ def without_adapters(state: nnx.State) -> nnx.State:
 
 
 def merge_lora(model: nnx.Module) -> nnx.Module:
-    """Folds every adapter into its base weight and removes it (in place), so the model is a
-    plain Qwen2 again: ``save_pretrained`` then exports the adapted policy."""
+    """Folds every adapter into its base weight and turns it off (``lora_a = lora_b = None``,
+    in place), so the model is a plain Qwen2 again: ``save_pretrained`` then exports the
+    adapted policy."""
     for linear in list(_targets(model, "all-linear")):
-        if getattr(linear, "lora_a", None) is None:
+        if linear.lora_a is None:
             continue
         delta = linear.lora_scale * (linear.lora_b[...] @ linear.lora_a[...])
         linear.weight[...] = (linear.weight[...] + delta).astype(linear.weight[...].dtype)
-        del linear.lora_a, linear.lora_b, linear.lora_scale
+        linear.lora_a = linear.lora_b = None
+        linear.lora_scale = 0.0
     return model

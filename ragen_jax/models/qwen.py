@@ -36,8 +36,6 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-# Mesh axes named in DESIGN.md; parameter specs use these names.
-MESH_AXES = ("data", "fsdp", "tensor")
 # Large negative (not -inf) for masked attention scores, so a query with no visible key (a
 # padding token before any real token) gets a finite, ignored output instead of NaN.
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -299,23 +297,35 @@ def _param(value, spec) -> nnx.Param:
 
 
 class Linear(nnx.Module):
-    """``y = x @ weight.T + bias`` with the Hugging Face ``[out, in]`` weight layout."""
+    """``y = x @ weight.T + bias`` with the Hugging Face ``[out, in]`` weight layout, plus an
+    optional LoRA term ``lora_scale * x @ lora_a.T @ lora_b.T``.
+
+    The adapter is off (``lora_a = lora_b = None``) until ``models.lora.add_lora`` sets the two
+    ``nnx.LoRAParam`` matrices ``lora_a [r, in]`` and ``lora_b [out, r]`` and ``lora_scale``;
+    ``models.lora.merge_lora`` folds them into ``weight`` and turns the adapter off again.
+    The adapter slots are declared as NNX data (``nnx.data(None)``), so they may later hold
+    Variables; while they are None they add nothing to the model's state, and the base weights
+    keep their Hugging Face names.
+    """
 
     def __init__(self, d_in, d_out, *, bias, spec, config: QwenConfig, rngs: nnx.Rngs):
         init = jax.nn.initializers.normal(config.initializer_range)
         self.weight = _param(init(rngs.params(), (d_out, d_in), config.param_dtype), spec)
         self.bias = _param(jnp.zeros((d_out,), config.param_dtype), spec[:1]) if bias else None
         self.dtype = config.dtype
+        self.lora_a: nnx.LoRAParam | None = nnx.data(None)  # [r, in]
+        self.lora_b: nnx.LoRAParam | None = nnx.data(None)  # [out, r]
+        self.lora_scale: float = 0.0  # alpha / r
 
     def __call__(self, x):  # [..., in] -> [..., out]
         x = x.astype(self.dtype)
         y = jnp.einsum("...i,oi->...o", x, self.weight[...].astype(self.dtype))
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
-        lora_a = getattr(self, "lora_a", None)  # set by models.lora.add_lora
-        if lora_a is not None:
-            h = jnp.einsum("...i,ri->...r", x, lora_a[...].astype(self.dtype))  # [..., r]
-            y = y + self.lora_scale * jnp.einsum("...r,or->...o", h, self.lora_b[...].astype(self.dtype))
+        if self.lora_a is not None:
+            h = jnp.einsum("...i,ri->...r", x, self.lora_a[...].astype(self.dtype))  # [..., r]
+            y = y + self.lora_scale * jnp.einsum("...r,or->...o", h,
+                                                 self.lora_b[...].astype(self.dtype))
         return y
 
 

@@ -1,21 +1,26 @@
-"""Rollouts: the KV-cache sampler, the context manager and the multi-turn agent loop."""
+"""Rollouts: the KV-cache sampler, the context manager, scripted policies and the multi-turn
+agent loop."""
 
 from ragen_jax.rollout.agent import (
     AgentRollout,
-    RolloutBatch,
+    Policy,
     RolloutConfig,
-    ScriptedPolicy,
     collect,
+    env_functions,
     train_seeds,
     val_seeds,
 )
+from ragen_jax.rollout.batch import RolloutBatch
 from ragen_jax.rollout.context import ChatFormat, ContextConfig, parse_response
 from ragen_jax.rollout.sampler import SampleOutput, Sampler, SamplingParams, bucket_length
+from ragen_jax.rollout.scripted import RandomActionPolicy, ScriptedPolicy
 
 __all__ = [
     "AgentRollout",
     "ChatFormat",
     "ContextConfig",
+    "Policy",
+    "RandomActionPolicy",
     "RolloutBatch",
     "RolloutConfig",
     "SampleOutput",
@@ -24,6 +29,7 @@ __all__ = [
     "ScriptedPolicy",
     "bucket_length",
     "collect",
+    "env_functions",
     "parse_response",
     "train_seeds",
     "val_seeds",

@@ -1,6 +1,7 @@
 """RAGEN's context manager: prompt text, chat-template token pieces, and response parsing.
 
-Three parts, all host side (DESIGN decision 8: small string work only):
+Three parts, all host side and all small string work (generation and env steps run on the
+device):
 
 * **Wording** (``ContextConfig``): RAGEN's system message (env instruction, symbol legend,
   available actions) and per-turn user block (turn number, state, optional warning, actions
@@ -10,7 +11,7 @@ Three parts, all host side (DESIGN decision 8: small string work only):
   (10) while it executes only 2 per turn.
 * **Token pieces** (``ChatFormat``): the tokenizer's chat template is rendered once with
   sentinel strings and cut into the literal text pieces around each message. A trajectory is
-  then built chunk by chunk as ONE token sequence (DESIGN decision 2)::
+  then built chunk by chunk as ONE token sequence (the one generation saw and training reads)::
 
       [first_chunk(system, user_1)] [generated 1] [next_chunk(user_2)] [generated 2] ...
 
@@ -78,7 +79,7 @@ ENV_LEGENDS = {
 
 @dataclasses.dataclass(frozen=True)
 class ContextConfig:
-    """Prompt wording and per-turn parsing budget (defaults: RAGEN's, see RAGEN_FACTS §4).
+    """Prompt wording and per-turn parsing budget (defaults: RAGEN's wording and budget).
 
     ``env_instruction`` None means ``ENV_INSTRUCTIONS[type(env).__name__]`` (or empty).
     ``prefill_tag``: append ``<think>`` (``<answer>`` when thinking is off) to the generation

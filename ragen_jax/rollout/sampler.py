@@ -242,6 +242,7 @@ class Sampler:
         active: Sequence[bool] | np.ndarray | None = None,
         cache: KVCache | None = None,
         bucket: int | None = None,
+        env_states=None,
     ) -> SampleOutput:
         """Samples up to ``params.max_new_tokens`` tokens after each prompt.
 
@@ -257,7 +258,10 @@ class Sampler:
           cache: continue this cache (it is donated: do not reuse the passed object). It grows
             to the next power of two when the chunk and the new tokens do not fit.
           bucket: force the prompt bucket length (default: power of two >= longest prompt).
+          env_states: ignored (the rollout passes every policy this turn's env states; a
+            model reads only the prompt).
         """
+        del env_states
         tokens, valid = pad_prompts(prompts, mask, bucket=bucket, pad_id=self.pad_id,
                                     min_bucket=self.min_bucket, multiple=self.bucket_multiple)
         b, p = tokens.shape

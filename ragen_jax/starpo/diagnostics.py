@@ -21,12 +21,13 @@ turn's sampled tokens, Z = those tokens; one column per pair, identical X's shar
 ``prompt_labels`` gives those labels, ``first_turn_validity`` RAGEN's first-turn counts and
 ``valid_thinking_counts`` its share of turns with a parsed, non-blank reasoning.
 The trainer logs both kinds every ``diagnostics.compute_freq`` steps under RAGEN's names
-``collapse_first_turn_sample/*`` and ``collapse_trajectory_sample/*`` (with per-token variants
-and an EMA of the z-score per kind), plus ``collapse/first_turn_{num_total,num_valid,
-valid_rate}`` and (with ``enable_think``) ``collapse/valid_thinking_rate``. The gradient-norm-by-reward-std-bucket analysis is
-``ragen_jax.starpo.gradient_analysis``. One difference from RAGEN: Z is the whole sampled turn
-(RAGEN takes the text between the think tags, re-tokenised), so the estimates also run with
-``enable_think=False``.
+``collapse_first_turn_sample/*`` and ``collapse_trajectory_sample/*`` (with per-token
+variants and an EMA of the z-score per kind), plus ``collapse/first_turn_{num_total,
+num_valid,valid_rate}`` and (with ``enable_think``) ``collapse/valid_thinking_rate``. The
+gradient-norm-by-reward-std-bucket analysis is ``ragen_jax.starpo.gradient_analysis``.
+
+One difference from RAGEN: Z is the whole sampled turn (RAGEN takes the text between the
+think tags, re-tokenised), so the estimates also run with ``enable_think=False``.
 """
 
 from __future__ import annotations

@@ -113,3 +113,23 @@ def make_gradient_analysis(graphdef: Any, config: UpdateConfig, num_buckets: int
         return out
 
     return analyse
+
+
+def report(norms: dict[str, float], mean_std: np.ndarray) -> dict[str, float]:
+    """RAGEN's ``collapse_grad/*`` names from the fetched ``grad_analysis/*`` norms of
+    ``make_gradient_analysis`` and each bucket's mean reward std: the whole batch's
+    ``<component>_grad_norm``, and per non-empty bucket its component norms, ``num_rows``
+    and ``reward_std_mean`` (a bucket with no rows, or whose groups were all filtered out,
+    is not reported)."""
+    norms = {k.removeprefix("grad_analysis/"): v for k, v in norms.items()
+             if k.startswith("grad_analysis/")}
+    out = {f"collapse_grad/{k}_grad_norm": v for k, v in norms.items() if "/" not in k}
+    for k in range(len(mean_std)):
+        if norms.get(f"bucket{k}/rows", 0) == 0:
+            continue
+        prefix = f"collapse_grad/bucket{k}/"
+        out |= {prefix + name.split("/")[1] + "_grad_norm": v for name, v in norms.items()
+                if name.startswith(f"bucket{k}/") and not name.endswith("/rows")}
+        out |= {prefix + "num_rows": norms[f"bucket{k}/rows"],
+                prefix + "reward_std_mean": float(mean_std[k])}
+    return out

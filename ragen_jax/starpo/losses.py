@@ -89,13 +89,6 @@ def kl_penalty(logp: jax.Array, ref_logp: jax.Array, estimator: str = "k1") -> j
     raise ValueError(f"kl estimator must be one of {KL_ESTIMATORS}, got {estimator!r}")
 
 
-def reward_with_kl(token_rewards: jax.Array, logp: jax.Array, ref_logp: jax.Array,
-                   mask: jax.Array, coef: float, estimator: str = "k1") -> jax.Array:
-    """KL folded into the reward (``use_kl_in_reward``): ``r - coef * KL`` on generated
-    tokens, before advantages are computed.  # [B, T]"""
-    return token_rewards - coef * kl_penalty(logp, ref_logp, estimator) * mask.astype(jnp.float32)
-
-
 def entropy_from_logits(logits: jax.Array) -> jax.Array:
     """Entropy of the softmax over the last axis.  # [..., V] -> [...]"""
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)

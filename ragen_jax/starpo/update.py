@@ -1,20 +1,26 @@
-"""The actor update: one jitted, mesh-sharded step of PPO/GRPO-style policy optimisation.
+"""The StarPO update: one pure, jitted ``update(state, batch) -> (state, metrics)``.
 
-``make_train_step(graphdef, config)`` returns ``step(params, opt_state, batch) ->
-(params, opt_state, metrics)``: per-token log-probs of the batch's tokens under the current
-policy (a full causal forward), the clipped surrogate with entropy bonus and optional KL,
-aggregated exactly over ``micro_batches`` gradient-accumulation chunks (a ``lax.scan``), then
-optax (global-norm clipping, AdamW) wrapped in ``optax.apply_if_finite`` so that a non-finite
-loss or gradient skips the update, and is counted, instead of poisoning the weights.
+Pieces, each a small function unit-tested on its own:
 
-Sharding: with ``mesh`` given, the step pins the batch to ``("data", "fsdp")`` and the new
-parameters to their NNX partition specs (``with_sharding_constraint``), so XLA's partitioner
-keeps parameters, gradients and optimizer state sharded the same way on 1 device, 8 simulated
-devices or a pod; place the inputs with ``models.shard_model`` and ``sharding.shard_batch``.
+* ``make_train_step(graphdef, config)``: one optimizer step of the actor (clipped PPO
+  surrogate, entropy bonus, optional KL to a reference) or, with ``critic_objective``, of the
+  critic (clipped value loss), aggregated exactly over ``micro_batches`` gradient-accumulation
+  chunks, then optax (global-norm clipping, Adam, decoupled weight decay) wrapped in
+  ``optax.apply_if_finite`` so that a non-finite loss or gradient skips the update and is
+  counted instead of poisoning the weights. The learning rate is an argument of the step
+  (``learning_rate(config, training_step)``), so schedules count training steps, as veRL's
+  scheduler does, whatever the number of mini-batches a filtered batch yields.
+* ``make_update(settings, networks, mesh)``: a whole training step's optimisation as one
+  jitted function of a ``TrainState`` and a ``StepBatch``: old log-probs (recomputed or the
+  sampler's), reference log-probs, critic values, advantages (``starpo.estimators``), then
+  ``ppo_epochs`` passes of mini-batch steps of the critic and the actor (a ``lax.scan``).
+  Optional roles are decided when it is built: a critic or none, a reference or none
+  (``"frozen_copy"`` of the starting actor, or ``"adapters_off"``: the LoRA actor with its
+  adapters disabled). Metrics stay on device.
 
-The critic uses the same step with ``critic_objective`` (clipped value loss on
-``Qwen2ForValue``). Partial (issue 5): the reference model, LoRA and ``ppo_epochs`` /
-mini-batch shuffling live with the trainer and are not here yet.
+Sharding: with ``mesh`` given, batches are pinned to ``("data", "fsdp")`` and new parameters
+to their NNX partition specs (``with_sharding_constraint``), so XLA keeps parameters,
+gradients and optimizer state sharded the same way on 1 device, 8 simulated devices or a pod.
 """
 
 from __future__ import annotations
@@ -37,7 +43,9 @@ from ragen_jax.starpo import losses
 
 @dataclasses.dataclass(frozen=True)
 class UpdateConfig:
-    """Actor optimisation settings; defaults are RAGEN's (veRL v0.6.1)."""
+    """One role's optimisation settings, resolved from the run config by ``schema.resolve``
+    (the defaults equal the schema's, which a test checks; they serve direct use in tests
+    and benchmarks). ``total_steps`` and ``warmup_steps`` count training steps."""
 
     lr: float = 1e-6
     lr_schedule: str = "constant"  # or "cosine": linear warmup, cosine decay to 0
@@ -56,7 +64,7 @@ class UpdateConfig:
     loss_agg_mode: str = "token-mean"
     micro_batches: int = 1
     temperature: float = 1.0
-    value_clip: float = 0.5  # critic only (RAGEN's critic: lr 1e-5, see CRITIC_DEFAULTS)
+    value_clip: float = 0.5  # critic only
     max_consecutive_nonfinite: int = 1000
 
     def __post_init__(self):
@@ -72,8 +80,6 @@ class UpdateConfig:
             raise ValueError(f"update.micro_batches must be >= 1, got {self.micro_batches}")
 
 
-CRITIC_DEFAULTS = dict(lr=1e-5, entropy_coeff=0.0)  # RAGEN's critic optimiser settings
-
 
 @flax.struct.dataclass
 class TrainBatch:
@@ -81,7 +87,7 @@ class TrainBatch:
 
     ``loss_mask`` is 1 on sampled tokens (times any filter weight); ``old_logp`` the log-probs
     the sampler recorded (or recomputed before the update), ``ref_logp`` the reference
-    policy's (zeros when the KL term is off)."""
+    policy's (None when the run has no reference)."""
 
     input_ids: jax.Array  # [B, L] int32
     attention_mask: jax.Array  # [B, L] bool
@@ -89,7 +95,7 @@ class TrainBatch:
     loss_mask: jax.Array  # [B, L] float32
     old_logp: jax.Array  # [B, L] float32
     advantages: jax.Array  # [B, L] float32
-    ref_logp: jax.Array  # [B, L] float32
+    ref_logp: jax.Array | None = None  # [B, L] float32; None without a reference policy
 
 
 @flax.struct.dataclass
@@ -105,19 +111,29 @@ class CriticBatch:
 
 
 def make_optimizer(config: UpdateConfig) -> optax.GradientTransformation:
-    """AdamW with global-norm clipping and the configured schedule (RAGEN: constant, no
-    warmup); non-finite updates are skipped and counted."""
-    if config.lr_schedule == "cosine":
-        lr = optax.warmup_cosine_decay_schedule(0.0, config.lr, config.warmup_steps, config.total_steps)
-    elif config.warmup_steps:
-        lr = optax.linear_schedule(0.0, config.lr, config.warmup_steps)
-    else:
-        lr = config.lr
+    """Global-norm clipping, Adam and decoupled weight decay (AdamW without its learning
+    rate: the step multiplies by ``learning_rate(config, step)``); non-finite updates are
+    skipped and counted."""
     inner = optax.chain(
         optax.clip_by_global_norm(config.grad_clip),
-        optax.adamw(lr, b1=config.b1, b2=config.b2, weight_decay=config.weight_decay),
+        optax.scale_by_adam(b1=config.b1, b2=config.b2),
+        optax.add_decayed_weights(config.weight_decay),
+        optax.scale(-1.0),
     )
     return optax.apply_if_finite(inner, config.max_consecutive_nonfinite)
+
+
+def learning_rate(config: UpdateConfig, step: jax.Array | int) -> jax.Array:
+    """The learning rate at training step ``step`` (0-based): a linear warmup over
+    ``warmup_steps`` from 0, then constant, or cosine decay to 0 at ``total_steps``."""
+    if config.lr_schedule == "cosine":
+        fn = optax.warmup_cosine_decay_schedule(0.0, config.lr, config.warmup_steps,
+                                                config.total_steps)
+    elif config.warmup_steps:
+        fn = optax.linear_schedule(0.0, config.lr, config.warmup_steps)
+    else:
+        fn = optax.constant_schedule(config.lr)
+    return jnp.asarray(fn(step), jnp.float32)
 
 
 def token_logprobs(model: Qwen2ForCausalLM, input_ids: jax.Array, attention_mask: jax.Array,
@@ -199,10 +215,11 @@ def _sum_terms(terms: dict[str, jax.Array]) -> jax.Array:
     return total + terms["kl"] if "kl" in terms else total
 
 
-def make_train_step(graphdef: Any, config: UpdateConfig,
-                    optimizer: optax.GradientTransformation | None = None,
-                    objective: Callable = actor_objective, mesh: Mesh | None = None) -> Callable:
-    """The jitted step ``(params, rest, opt_state, batch) -> (params, opt_state, metrics)``.
+def make_step_fn(graphdef: Any, config: UpdateConfig,
+                 optimizer: optax.GradientTransformation | None = None,
+                 objective: Callable = actor_objective, mesh: Mesh | None = None) -> Callable:
+    """The pure (not jitted) optimizer step
+    ``(params, rest, opt_state, batch, learning_rate) -> (params, opt_state, metrics)``.
 
     ``graphdef, params, rest = nnx.split(model, nnx.Param, ...)``. ``objective`` is
     ``actor_objective`` (``TrainBatch``) or ``critic_objective`` (``CriticBatch``, on a
@@ -218,8 +235,7 @@ def make_train_step(graphdef: Any, config: UpdateConfig,
 
     grad_fn = jax.grad(numerator, has_aux=True)
 
-    @jax.jit
-    def step(params, rest, opt_state, batch):
+    def step(params, rest, opt_state, batch, learning_rate):
         if mesh is not None:
             batch = jax.lax.with_sharding_constraint(batch, batch_sharding(mesh))
         micro = jax.tree.map(lambda x: x.reshape(num_micro, x.shape[0] // num_micro, *x.shape[1:]), batch)
@@ -239,6 +255,7 @@ def make_train_step(graphdef: Any, config: UpdateConfig,
         grads = jax.tree.map(lambda g: (g / jnp.maximum(den, 1e-8)).astype(g.dtype), grads)
         grad_norm = optax.global_norm(grads)
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
+        updates = jax.tree.map(lambda u: (learning_rate * u).astype(u.dtype), updates)
         new_params = optax.apply_updates(params, updates)
         if mesh is not None:
             new_params = jax.lax.with_sharding_constraint(new_params, param_shardings(new_params, mesh))
@@ -252,22 +269,45 @@ def make_train_step(graphdef: Any, config: UpdateConfig,
     return step
 
 
-def ppo_update(step: Callable, params: Any, rest: Any, opt_state: Any, batch: Any, *,
-               epochs: int = 1, mini_batch_size: int | None = None
-               ) -> tuple[Any, Any, dict[str, float]]:
-    """``epochs`` passes over ``batch`` in mini-batches of ``mini_batch_size`` rows, one
-    optimizer step each (RAGEN: 1 epoch, mini-batches of 32 trajectories, no shuffling).
-    Returns the new params and optimizer state and the metrics averaged over the steps."""
+def make_train_step(graphdef: Any, config: UpdateConfig,
+                    optimizer: optax.GradientTransformation | None = None,
+                    objective: Callable = actor_objective, mesh: Mesh | None = None) -> Callable:
+    """``make_step_fn`` jitted, with ``learning_rate`` optional (default: ``config.lr``):
+    ``step(params, rest, opt_state, batch, learning_rate=None)``."""
+    step = jax.jit(make_step_fn(graphdef, config, optimizer, objective, mesh))
+
+    def call(params, rest, opt_state, batch, learning_rate=None):
+        lr = config.lr if learning_rate is None else learning_rate
+        return step(params, rest, opt_state, batch, jnp.asarray(lr, jnp.float32))
+
+    call.lower = lambda params, rest, opt_state, batch: step.lower(  # for compile-only benches
+        params, rest, opt_state, batch, jnp.asarray(config.lr, jnp.float32))
+    return call
+
+
+def mini_batch_epochs(step: Callable, params: Any, rest: Any, opt_state: Any, batch: Any,
+                      learning_rate: jax.Array, *, epochs: int, mini_batch_size: int
+                      ) -> tuple[Any, Any, dict[str, jax.Array]]:
+    """``epochs`` passes over ``batch`` in consecutive mini-batches of ``mini_batch_size``
+    rows, one ``step`` (from ``make_step_fn``) each, as a ``lax.scan`` (RAGEN: 1 epoch,
+    mini-batches of 32 trajectories, no shuffling). Traceable. Returns the new params and
+    optimizer state and the metrics averaged over the steps (plus
+    ``train/num_mini_batches``)."""
     size = jax.tree.leaves(batch)[0].shape[0]
-    mini = size if mini_batch_size is None else int(mini_batch_size)
-    if size % mini:
-        raise ValueError(f"update: batch of {size} rows is not divisible by mini_batch_size {mini}")
-    history = []
-    for _ in range(epochs):
-        for start in range(0, size, mini):
-            part = jax.tree.map(lambda x, s=start: x[s:s + mini], batch)
-            params, opt_state, metrics = step(params, rest, opt_state, part)
-            history.append(metrics)
-    averaged = {k: float(jnp.mean(jnp.stack([m[k] for m in history]))) for k in history[0]}
-    averaged["train/num_mini_batches"] = float(len(history))
-    return params, opt_state, averaged
+    if size % mini_batch_size:
+        raise ValueError(f"update: batch of {size} rows is not divisible by mini_batch_size "
+                         f"{mini_batch_size}")
+    n = size // mini_batch_size
+    minis = jax.tree.map(lambda x: x.reshape(n, mini_batch_size, *x.shape[1:]), batch)
+
+    def one(carry, i):
+        params, opt_state = carry
+        part = jax.tree.map(lambda x: x[i], minis)
+        params, opt_state, metrics = step(params, rest, opt_state, part, learning_rate)
+        return (params, opt_state), metrics
+
+    order = jnp.tile(jnp.arange(n), epochs)
+    (params, opt_state), history = jax.lax.scan(one, (params, opt_state), order)
+    metrics = jax.tree.map(lambda x: jnp.mean(x, axis=0), history)
+    metrics["train/num_mini_batches"] = jnp.float32(n * epochs)
+    return params, opt_state, metrics

@@ -11,17 +11,16 @@ from flax import nnx
 from ragen_jax.envs import make
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig, positions_from_mask
 from ragen_jax.models import tokenizer as tk
-from ragen_jax.rollout import Sampler
+from ragen_jax.rollout import Sampler, SamplingParams, ScriptedPolicy
 from ragen_jax.rollout.agent import (
     AgentRollout,
     RolloutConfig,
-    ScriptedPolicy,
     collect,
     env_functions,
     train_seeds,
     val_seeds,
 )
-from ragen_jax.rollout.context import format_reward
+from ragen_jax.rollout.context import ContextConfig, format_reward
 from ragen_jax.starpo.update import token_logprobs
 
 CFG = RolloutConfig(env_groups=2, group_size=2, response_length=32)
@@ -220,7 +219,7 @@ def test_random_tokens_never_crash(sokoban, tok):
     streams = {(r, c): rng.integers(0, len(tok), size=rng.integers(0, 40)).tolist()
                for r in range(4) for c in range(5)}
     streams[(0, 0)] = [tok.convert_tokens_to_ids("<|im_start|>")] + streams[(0, 0)]
-    policy = ScriptedPolicy(lambda r, c, _: streams[(r, c)])
+    policy = ScriptedPolicy(lambda r, c, _prompt, _state: streams[(r, c)])
     batch = _rollout(sokoban, tok).collect(policy, SEEDS, jax.random.key(6))
     assert batch.trajectories[0]["turns"][0]["format_error"]
     assert np.isfinite(batch.scores).all()
@@ -243,6 +242,55 @@ def test_groups_share_initial_states_and_seeds(sokoban, tok):
     assert {state(a, i) for i in range(4)} != {state(b, i) for i in range(4)}
     assert [state(a, i) for i in range(4)] == [state(c, i) for i in range(4)]
     np.testing.assert_array_equal(a.seeds, [10000, 10000, 10001, 10001])
+
+
+def test_policies_receive_the_turns_env_states(sokoban, tok, ref):
+    """Each turn the policy gets this turn's env states as an argument (``env_states``); a
+    script gets its row's: the reset state on turn 1, then the state its answers led to."""
+    (env, params), initial, step = ref
+    seen = {}
+
+    def script(row, call, _prompt, state):
+        seen[(row, call)] = state
+        return tok("a</think><answer>Up</answer>", add_special_tokens=False)["input_ids"] + [
+            tok.eos_token_id]
+
+    batch = _rollout(sokoban, tok, max_turn=2).collect(ScriptedPolicy(script), SEEDS,
+                                                      jax.random.key(12))
+    assert (batch.num_turns == 2).any()
+    for row, traj in enumerate(batch.trajectories):
+        first = jax.tree.map(lambda x, row=row: x[row], initial)
+        jax.tree.map(np.testing.assert_array_equal, seen[(row, 0)], first)
+        _, after, *_ = step(jax.random.key(0), jax.tree.map(jnp.asarray, first), 0, params)
+        for call, turn in enumerate(traj["turns"]):
+            assert env.render_text(seen[(row, call)]) == turn["state"]
+        if len(traj["turns"]) == 2:
+            jax.tree.map(np.testing.assert_array_equal, seen[(row, 1)], jax.device_get(after))
+
+
+def test_rollout_config_is_the_run_config_section():
+    cfg = RolloutConfig()
+    assert cfg.val_groups == 256 and cfg.val_temperature == 0.5 and cfg.turn_template == ""
+    assert cfg.context == ContextConfig()  # "" turn_template: RAGEN's wording
+    custom = RolloutConfig(enable_think=False, max_actions_per_turn=1, format_penalty=-1.0,
+                           turn_template="T{turn} {state}\n")
+    assert custom.context == ContextConfig(enable_think=False, max_actions_per_turn=1,
+                                           format_penalty=-1.0, turn_template="T{turn} {state}\n")
+    assert cfg.sampling() == SamplingParams(max_new_tokens=400, temperature=1.0)
+    assert cfg.sampling(temperature=0.0).temperature == 0.0
+    assert cfg.val_sampling() == SamplingParams(max_new_tokens=400, temperature=0.5)
+    with pytest.raises(TypeError):
+        RolloutConfig(8)  # keyword-only
+    for bad, message in [({"group_size": 0}, "rollout.group_size must be >= 1, got 0"),
+                         ({"max_actions_per_turn": 0}, "rollout.max_actions_per_turn must be"),
+                         ({"val_groups": 0}, "rollout.val_groups must be"),
+                         ({"val_group_size": 0}, "rollout.val_group_size must be"),
+                         ({"temperature": -1.0}, "rollout.temperature must be >= 0"),
+                         ({"top_p": 0.0}, "rollout.top_p must be in"),
+                         ({"top_p": 1.5}, "rollout.top_p must be in")]:
+        with pytest.raises(ValueError) as err:
+            RolloutConfig(**bad)
+        assert str(err.value).startswith(message)
 
 
 # ---------------------------------------------------------------------------------- tiny model
@@ -294,7 +342,7 @@ def test_bandit_state_dependent_action_names(tok):
     env, params = make("bandit")
     ro = AgentRollout(env, params, tok, dataclasses.replace(CFG, max_turn=2))
 
-    def script(row, call, prompt):
+    def script(row, call, prompt, _state):
         text = tok.decode(prompt)
         names = text.split("Your available actions are:\n")[1].split("\n")[0].split(", ")
         pick = names[row % 2]
@@ -322,7 +370,7 @@ def test_frozenlake_hole_terminates_without_success(tok):
     moves = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
     target = {}
 
-    def script(row, call, prompt):
+    def script(row, call, prompt, _state):
         grid = tok.decode(prompt).split("State:\n")[1].split("\nYou have")[0].split("\n")
         r, c = next((i, line.index("P")) for i, line in enumerate(grid) if "P" in line)
         around = {}

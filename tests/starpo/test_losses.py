@@ -66,10 +66,3 @@ def test_value_loss_clipping():
     # Token 0: unclipped (1-2)^2 = 1, clipped (0.5-2)^2 = 2.25 -> 0.5 * 2.25. Token 1: 0.5 * 1.
     np.testing.assert_allclose(np.asarray(loss), [[1.125, 0.5]])
     assert float(m["critic/vf_clipfrac"]) == 0.5
-
-
-def test_reward_with_kl():
-    r = jnp.array([[0.0, 1.0, 5.0]])
-    out = L.reward_with_kl(r, jnp.array([[-1.0, -1.0, -1.0]]), jnp.array([[-2.0, -1.5, -1.0]]),
-                           jnp.array([[1, 1, 0]]), coef=0.1)
-    np.testing.assert_allclose(np.asarray(out), [[-0.1, 0.95, 5.0]], atol=1e-6)

@@ -55,9 +55,9 @@ def run_step(model, batch, optimizer=None, **kw):
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_micro_batch_accumulation_equals_full_batch(mode):
     model, batch = make_case()
-    sgd = optax.apply_if_finite(optax.sgd(1.0), 10)  # new params = params - gradient
-    (p1, _, m1), _, _ = run_step(model, batch, sgd, loss_agg_mode=mode, micro_batches=1)
-    (p4, _, m4), _, _ = run_step(model, batch, sgd, loss_agg_mode=mode, micro_batches=4)
+    sgd = optax.apply_if_finite(optax.scale(-1.0), 10)  # with lr 1: params - gradient
+    (p1, _, m1), _, _ = run_step(model, batch, sgd, lr=1.0, loss_agg_mode=mode, micro_batches=1)
+    (p4, _, m4), _, _ = run_step(model, batch, sgd, lr=1.0, loss_agg_mode=mode, micro_batches=4)
     for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p4), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
     assert float(m1["actor/grad_norm"]) == pytest.approx(float(m4["actor/grad_norm"]), rel=1e-4)
@@ -181,18 +181,55 @@ def test_lora_only_update_leaves_base_weights():
     assert max(moved) > 0  # adapters train; the base weights are in `rest`, not updated
 
 
-def test_ppo_update_mini_batches_and_schedule():
-    from ragen_jax.starpo.update import ppo_update
+def test_mini_batch_epochs_and_schedule():
+    from ragen_jax.starpo.update import learning_rate, make_step_fn, mini_batch_epochs
 
     model, batch = make_case(6)
     cfg = UpdateConfig(lr=1e-3, lr_schedule="cosine", warmup_steps=2, total_steps=8)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     opt = make_optimizer(cfg)
-    step = make_train_step(graphdef, cfg, opt)
-    params, opt_state, m = ppo_update(step, params, rest, opt.init(params), batch, epochs=2, mini_batch_size=4)
-    assert m["train/num_mini_batches"] == 4.0
-    assert int(opt_state.inner_state[1][-1].count) == 4  # four optimizer steps taken
+    step = make_step_fn(graphdef, cfg, opt)
+    run = jax.jit(lambda p, o, b, lr: mini_batch_epochs(step, p, rest, o, b, lr, epochs=2,
+                                                        mini_batch_size=4))
+    new, opt_state, m = run(params, opt.init(params), batch, learning_rate(cfg, 3))
+    assert float(m["train/num_mini_batches"]) == 4.0
+    assert int(opt_state.inner_state[1].count) == 4  # four optimizer steps taken
+    # The same four steps one by one (mini-batches in order, twice) give the same params.
+    jitted, o, p = jax.jit(step), opt.init(params), params
+    for start in (0, 4, 0, 4):
+        part = jax.tree.map(lambda x, s=start: x[s:s + 4], batch)
+        p, o, _ = jitted(p, rest, o, part, learning_rate(cfg, 3))
+    for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(new), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
     with pytest.raises(ValueError, match="mini_batch_size"):
-        ppo_update(step, params, rest, opt_state, batch, mini_batch_size=3)
+        mini_batch_epochs(step, params, rest, opt_state, batch, 1e-3, epochs=1, mini_batch_size=3)
     with pytest.raises(ValueError, match="update.total_steps"):
         UpdateConfig(lr_schedule="cosine", total_steps=0)
+
+
+def test_learning_rate_counts_training_steps():
+    from ragen_jax.starpo.update import learning_rate
+
+    const = UpdateConfig(lr=2e-3)
+    assert float(learning_rate(const, 0)) == float(learning_rate(const, 99)) == pytest.approx(2e-3)
+    warm = UpdateConfig(lr=1e-3, warmup_steps=4)
+    assert [round(float(learning_rate(warm, s)), 8) for s in (0, 2, 4, 10)] == [0.0, 5e-4, 1e-3, 1e-3]
+    cos = UpdateConfig(lr=1e-3, lr_schedule="cosine", warmup_steps=2, total_steps=10)
+    assert float(learning_rate(cos, 2)) == pytest.approx(1e-3)
+    assert float(learning_rate(cos, 6)) == pytest.approx(5e-4, rel=1e-4)  # half way down
+    assert float(learning_rate(cos, 10)) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_optimizer_equals_optax_adamw():
+    """Adam + decoupled weight decay times the step's learning rate is optax's AdamW."""
+    cfg = UpdateConfig(lr=1e-2, weight_decay=0.1, grad_clip=1e9)
+    params = {"w": jnp.arange(6.0).reshape(2, 3) / 7}
+    grads = {"w": jnp.sin(jnp.arange(6.0)).reshape(2, 3)}
+    ours, ref = make_optimizer(cfg), optax.adamw(1e-2, weight_decay=0.1)
+    so, sr, po, pr = ours.init(params), ref.init(params), params, params
+    for _ in range(3):
+        uo, so = ours.update(grads, so, po)
+        po = optax.apply_updates(po, jax.tree.map(lambda u: cfg.lr * u, uo))
+        ur, sr = ref.update(grads, sr, pr)
+        pr = optax.apply_updates(pr, ur)
+    np.testing.assert_allclose(np.asarray(po["w"]), np.asarray(pr["w"]), rtol=1e-6)

@@ -1,0 +1,91 @@
+"""RAGEN V2's reasoning-collapse diagnostics during training (``collapse*/`` metrics).
+
+``CollapseMonitor.measure(batch, policy, step)`` scores the step's rollout batch (before
+filtering) with the policy that sampled it: first-turn pairs (``collapse_first_turn_sample/*``),
+trajectory-uniform pairs (``collapse_trajectory_sample/*``), the first turns' format validity
+(``collapse/first_turn_{num_total,num_valid,valid_rate}``) and, with ``enable_think``, the
+share of turns with a non-blank reasoning (``collapse/valid_thinking_rate``). Every process
+scores every process's pairs. The MI z-score's EMA is the monitor's state (``ema``), kept in
+checkpoints by the trainer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from ragen_jax import distributed as dist
+from ragen_jax.rollout.agent import RolloutBatch
+from ragen_jax.schema import DiagnosticsConfig
+from ragen_jax.starpo.diagnostics import (
+    collapse_metrics,
+    cross_scores,
+    first_turn_pairs,
+    first_turn_validity,
+    prompt_labels,
+    trajectory_uniform_pairs,
+    valid_thinking_counts,
+)
+
+KINDS = ("first_turn_sample", "trajectory_sample")
+
+
+class CollapseMonitor:
+    """See the module docstring."""
+
+    def __init__(self, config: DiagnosticsConfig, *, seed: int, enable_think: bool):
+        self.config = config
+        self.seed = seed
+        self.enable_think = enable_think
+        self.ema: dict[str, float] = {}  # MI z-score EMA per pair kind
+
+    def due(self, step: int) -> bool:
+        return bool(self.config.compute_freq) and step % self.config.compute_freq == 0
+
+    def measure(self, batch: RolloutBatch, policy: Any, step: int) -> dict[str, float]:
+        d, procs = self.config, jax.process_count()
+        rng = np.random.default_rng([self.seed, step, 1])
+        first = first_turn_pairs(batch.input_ids, batch.loss_mask, batch.turn_ids,
+                                 batch.group_ids, d.num_samples // procs, rng)[:3]
+        rng = np.random.default_rng([self.seed, step, 2, jax.process_index()])
+        traj = trajectory_uniform_pairs(batch.input_ids, batch.loss_mask, batch.turn_ids,
+                                        d.trajectory_samples // procs, rng)[:3]
+        counts = [*first_turn_validity(batch.trajectories),
+                  *valid_thinking_counts(batch.trajectories)]
+        parts = dist.allgather_json([[x[0], x[1], x[2].tolist()] for x in (first, traj)] + [counts])
+        out: dict[str, float] = {}
+        for i, kind in enumerate(KINDS):
+            inputs, reasonings, cols = [], [], []
+            for part in parts:
+                xs, zs, cs = part[i]
+                cols += [col + len(inputs) for col in cs]
+                inputs, reasonings = inputs + xs, reasonings + zs
+            out |= self._pairs(kind, policy, inputs, reasonings, np.asarray(cols, np.int32))
+        total, valid, turns, thinking = (sum(p[2][k] for p in parts) for k in range(4))
+        out |= {"collapse/first_turn_num_total": float(total),
+                "collapse/first_turn_num_valid": float(valid),
+                "collapse/first_turn_valid_rate": valid / total if total else 0.0}
+        if self.enable_think:
+            out["collapse/valid_thinking_rate"] = thinking / turns if turns else 0.0
+        return out
+
+    def _pairs(self, kind: str, policy: Any, inputs: list[list[int]],
+               reasonings: list[list[int]], column: np.ndarray) -> dict[str, float]:
+        """``collapse_<kind>/*``: the MI metrics of one set of pairs (sequence sums, plus
+        per-token means of the entropies and MI) and the z-score's EMA. Identical prompts
+        share a label. Empty under 2 inputs."""
+        if len(inputs) < 2:
+            return {}
+        prefix = f"collapse_{kind}/"
+        labels = prompt_labels(inputs)
+        per_token, per_seq = cross_scores(policy, inputs, reasonings, self.config.micro_batch_size)
+        out = {prefix + k: v for k, v in collapse_metrics(per_seq, column, labels).items()}
+        tok = collapse_metrics(per_token, column, labels)
+        for k in ("conditional_entropy_est", "reasoning_entropy_est", "mi_estimate"):
+            out[f"{prefix}per_token/{k}"] = tok[k]
+        z, prev = out[prefix + "mi_zscore"], self.ema.get(kind)
+        self.ema[kind] = z if prev is None else self.config.ema * prev + (1 - self.config.ema) * z
+        out[prefix + "mi_zscore_ema"] = self.ema[kind]
+        return out

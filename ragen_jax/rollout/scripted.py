@@ -1,0 +1,201 @@
+"""Scripted policies: answers chosen by a function instead of sampled from a model.
+
+``ScriptedPolicy`` has the sampler's call interface, so ``AgentRollout.collect`` plays it
+exactly like a model: its answers go through the same chat format, parsing, env steps and
+batch assembly. It drives the format warm-start (``RandomActionPolicy``, answering with
+random valid or legal actions; see ``sft.warmstart_data``) and the rollout tests (chosen
+token streams).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from ragen_jax.rollout.agent import env_functions, row_state
+from ragen_jax.rollout.context import ChatFormat, ContextConfig
+from ragen_jax.rollout.sampler import SampleOutput, SamplingParams, pad_prompts
+
+# script(row, call_index, prompt_ids, env_state) -> the row's answer token ids
+Script = Callable[[int, int, list[int], Any], Sequence[int]]
+
+
+class ScriptedPolicy:
+    """A policy whose answers a function writes, through the sampler's interface.
+
+    ``script(row, call_index, prompt_ids, env_state)`` gives row ``row``'s answer token ids
+    at the policy's ``call_index``-th call (0-based); ``prompt_ids`` is what the rollout sent
+    that row (the new chunk, or the whole history without cache reuse) and ``env_state``
+    that row's env state this turn (an unbatched numpy pytree; None when the caller passes
+    no ``env_states``). Only active rows are scripted. The answer is cut after its first stop
+    token and at the token budget, exactly like the sampler. ``logprob`` is reported for
+    every emitted token. Every call's prompts are recorded in ``calls`` (list of lists of id
+    lists).
+    """
+
+    def __init__(self, script: Script, *, pad_id: int = 0, logprob: float = -1.0):
+        self.script = script
+        self.pad_id = int(pad_id)
+        self.logprob = float(logprob)
+        self.calls: list[list[list[int]]] = []
+
+    @classmethod
+    def from_texts(cls, tokenizer: Any, texts: Callable[[int, int], str], *,
+                   end: bool = True, **kw) -> ScriptedPolicy:
+        """Scripts from strings: ``texts(row, call) -> str``, encoded as plain text (special
+        token strings in it become special tokens), followed by the eos (end-of-turn) token
+        when ``end``."""
+        eos = tokenizer.eos_token_id
+
+        def script(row, call, _prompt, _state):
+            ids = tokenizer(texts(row, call), add_special_tokens=False)["input_ids"]
+            return list(ids) + ([eos] if end else [])
+
+        return cls(script, pad_id=tokenizer.pad_token_id or 0, **kw)
+
+    def __call__(self, prompts, *, key=None, params: SamplingParams = SamplingParams(),
+                 stop_tokens=(), max_new=None, active=None, cache=None, mask=None,
+                 bucket=None, env_states=None) -> SampleOutput:
+        del key, cache, mask
+        rows = [list(map(int, p)) for p in prompts]
+        call = len(self.calls)
+        self.calls.append(rows)
+        b, n = len(rows), params.max_new_tokens
+        act = np.ones(b, bool) if active is None else np.asarray(active, bool)
+        budget = np.full(b, n) if max_new is None else np.minimum(np.asarray(max_new), n)
+        stops = set(np.asarray(stop_tokens).reshape(-1).tolist())
+        tokens = np.full((b, n), self.pad_id, np.int32)
+        lengths = np.zeros(b, np.int32)
+        for i in map(int, np.flatnonzero(act)):
+            state = None if env_states is None else row_state(env_states, i)
+            out = _cut([int(t) for t in self.script(i, call, rows[i], state)],
+                       int(budget[i]), stops)
+            tokens[i, : len(out)] = out
+            lengths[i] = len(out)
+        mask = np.arange(n)[None, :] < lengths[:, None]
+        lp = np.where(mask, self.logprob, 0.0).astype(np.float32)
+        ptok, pmask = pad_prompts(rows, bucket=bucket, pad_id=self.pad_id) if any(rows) else (
+            np.zeros((b, 1), np.int32), np.zeros((b, 1), bool))
+        return SampleOutput(tokens=tokens, mask=mask, logprobs=lp, model_logprobs=lp,
+                            lengths=lengths, steps=np.int32(lengths.max(initial=0)),
+                            prompt_tokens=ptok, prompt_mask=pmask, cache=None)
+
+
+def _cut(ids: list[int], budget: int, stops: set[int]) -> list[int]:
+    """``ids`` cut at ``budget`` tokens and after the first stop token."""
+    ids = ids[:budget]
+    for j, t in enumerate(ids):
+        if t in stops:
+            return ids[: j + 1]
+    return ids
+
+
+# ----------------------------------------------------------------------------------------------
+# Random-action answers (the format warm-start)
+# ----------------------------------------------------------------------------------------------
+
+
+def answer_text(actions: Sequence[str], ctx: ContextConfig) -> str:
+    """A well-formed answer naming ``actions``, as the model would continue the prompt: an
+    empty think block when thinking is on, then ``<answer>A || B</answer>``, without the tag
+    the prompt already ends with (``ctx.answer_prefix``)."""
+    think = "<think></think>" if ctx.enable_think else ""
+    answer = f"<answer>{f' {ctx.action_sep} '.join(actions)}</answer>"
+    return (think + answer).removeprefix(ctx.answer_prefix)
+
+
+def random_actions(rng: np.random.Generator, num_actions: int, k: int,
+                   opening: int | None = None) -> list[int]:
+    """``k`` action ids drawn uniformly from ``num_actions``; with ``opening`` the first is
+    ``opening mod num_actions`` instead (drawn, then replaced)."""
+    picks = rng.integers(0, num_actions, size=k)
+    if opening is not None:
+        picks[0] = opening % num_actions
+    return [int(a) for a in picks]
+
+
+class LegalActions:
+    """Which actions change a state (the env's ``action_is_effective``: no walking into a wall
+    or off the grid), found by trying every action once from it (batched env step)."""
+
+    def __init__(self, env: Any, env_params: Any, num_actions: int, max_actions_per_turn: int):
+        self.step_turn = env_functions(env)[1]
+        self.env_params = env_params
+        self.n = num_actions
+        self.keys = jax.vmap(jax.random.key)(np.arange(num_actions, dtype=np.uint32))
+        self.actions = np.zeros((num_actions, max_actions_per_turn), np.int32)
+        self.actions[:, 0] = np.arange(num_actions)
+
+    def __call__(self, state: Any) -> tuple[np.ndarray, Any, np.ndarray]:
+        """``(legal ids, the state after each action (batched), whether it ended the
+        episode)``; every action counts as legal when none is."""
+        tiled = jax.tree.map(lambda x: np.repeat(np.asarray(x)[None], self.n, 0), state)
+        nxt, _, _, n_eff, term, trunc, _ = jax.device_get(self.step_turn(
+            tiled, self.env_params, self.actions, np.ones(self.n, np.int32), self.keys))
+        legal = np.flatnonzero(n_eff > 0)
+        return (legal if legal.size else np.arange(self.n)), nxt, term | trunc
+
+
+def random_legal_actions(rng: np.random.Generator, legal_actions: LegalActions, state: Any,
+                         k: int, opening: int | None = None) -> list[int]:
+    """Up to ``k`` actions played in order from ``state``, each drawn uniformly from those
+    legal in the state the previous ones lead to (no look-ahead); stops early when one ends
+    the episode. With ``opening`` the first is ``legal[opening mod len(legal)]`` (no draw)."""
+    picks: list[int] = []
+    for j in range(k):
+        legal, nxt, ended = legal_actions(state)
+        if j == 0 and opening is not None:
+            a = int(legal[opening % len(legal)])
+        else:
+            a = int(rng.choice(legal))
+        picks.append(a)
+        if ended[a]:
+            break
+        state = row_state(nxt, a)
+    return picks
+
+
+class RandomActionPolicy(ScriptedPolicy):
+    """Answers every turn with a well-formed answer naming 1 to ``max_actions_per_turn``
+    (uniform) random actions of the row's state, never from a solver: the format warm-start.
+
+    ``legal_only`` draws each action from those that change the state (``LegalActions``),
+    still uniformly and with no look-ahead. At its first call row ``r`` opens with action
+    ``r mod (number of actions)`` (with ``legal_only``: legal action ``r mod (number
+    legal)``), so a group of that many consecutive rows sharing an initial state opens with
+    every action (every legal action) at least once. ``seed`` seeds
+    the one numpy generator behind every draw. ``context`` must be the rollout's (its
+    ``ContextConfig``), so the answers parse.
+    """
+
+    def __init__(self, env: Any, env_params: Any, tokenizer: Any, context: ContextConfig,
+                 seed: int, legal_only: bool = False):
+        chat = ChatFormat(tokenizer, context)
+        super().__init__(self._answer, pad_id=chat.pad_id)
+        self.env, self.env_params, self.tokenizer = env, env_params, tokenizer
+        self.context, self.legal_only, self.eot_id = context, legal_only, chat.eot_id
+        self.rng = np.random.default_rng(seed)
+        self._legal: LegalActions | None = None
+
+    def _answer(self, row: int, call: int, _prompt: list[int], state: Any) -> list[int]:
+        if state is None:
+            raise ValueError("RandomActionPolicy needs env_states (call it from a rollout)")
+        names = tuple(self.env.action_names_for(state))
+        k = int(self.rng.integers(1, self.context.max_actions_per_turn + 1))
+        opening = row if call == 0 else None
+        if self.legal_only:
+            legal = self._legal_actions(len(names))
+            picks = random_legal_actions(self.rng, legal, state, k, opening)
+        else:
+            picks = random_actions(self.rng, len(names), k, opening)
+        text = answer_text([names[a] for a in picks], self.context)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.eot_id]
+
+    def _legal_actions(self, num_actions: int) -> LegalActions:
+        if self._legal is None or self._legal.n != num_actions:
+            self._legal = LegalActions(self.env, self.env_params, num_actions,
+                                       self.context.max_actions_per_turn)
+        return self._legal

@@ -1,0 +1,418 @@
+"""The run config's typed schema: every default of a training run, written once.
+
+Each section of the run config is a frozen dataclass; its defaults are RAGEN's (its
+``config/base.yaml`` on veRL v0.6.1) wherever RAGEN has the setting, and each field carries a
+one-line comment that is the user documentation. ``configs/base.py`` builds the
+``ml_collections.ConfigDict`` users override on the command line from these dataclasses
+(``to_config_dict``); the library reads a ConfigDict back into a ``RunConfig``
+(``from_config_dict``), which checks every field's type, and ``resolve`` turns it into the
+settings the pieces consume, computing each derived value in one place (``Resolved``, which
+``describe`` prints at the start of a run).
+
+Sections whose settings belong to one library module live there: ``config.rollout`` is
+``rollout.RolloutConfig``, ``config.filter`` is ``starpo.filtering.FilterConfig``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+from ml_collections import ConfigDict
+
+from ragen_jax.rollout.agent import RolloutConfig
+from ragen_jax.starpo.estimators import ESTIMATORS, NEEDS_CRITIC, AdvantageSettings
+from ragen_jax.starpo.filtering import FilterConfig
+from ragen_jax.starpo.step import StepSettings
+from ragen_jax.starpo.update import UpdateConfig
+
+DTYPES = ("float32", "bfloat16")
+frozen = dataclasses.dataclass(frozen=True, kw_only=True)
+
+
+class ConfigError(ValueError):
+    """A bad config value or path; the message names the field."""
+
+
+def _choice(field: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{field} must be one of {allowed}, got {value!r}")
+
+
+def _at_least(section: str, obj: Any, names: tuple[str, ...], low: int) -> None:
+    for n in names:
+        if getattr(obj, n) < low:
+            raise ConfigError(f"{section}.{n} must be >= {low}, got {getattr(obj, n)}")
+
+
+@frozen
+class ModelConfig:
+    path: str = ""  # local Hugging Face Qwen2/Qwen2.5 folder; "" = the tiny random model
+    dtype: str = "float32"  # parameter and compute dtype: float32 | bfloat16
+    hidden_size: int = 128  # tiny random model only: width
+    num_hidden_layers: int = 4  # tiny random model only: depth
+    intermediate_size: int = 384  # tiny random model only: MLP width
+    num_attention_heads: int = 4  # tiny random model only: query heads
+    num_key_value_heads: int = 2  # tiny random model only: KV heads (GQA)
+    lora_rank: int = 0  # LoRA rank, 0 = full fine-tuning (RAGEN: 0)
+    lora_alpha: float = 64.0  # LoRA alpha (RAGEN: 64)
+
+    def __post_init__(self):
+        _choice("model.dtype", self.dtype, DTYPES)
+        _at_least("model", self, ("hidden_size", "num_hidden_layers", "intermediate_size",
+                                  "num_attention_heads", "num_key_value_heads"), 1)
+        _at_least("model", self, ("lora_rank",), 0)
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(f"model.hidden_size={self.hidden_size} is not a multiple of "
+                              f"model.num_attention_heads={self.num_attention_heads}")
+        if self.path and not Path(self.path).is_dir():
+            raise ConfigError(f"model.path: no such folder: {self.path}")
+
+
+@frozen
+class EnvConfig:
+    name: str = "sokoban"  # registered env name (ragen_jax.envs.make)
+    params: dict = dataclasses.field(default_factory=dict)  # env constructor / EnvParams fields, e.g. dim_room
+    tag: str = ""  # metric tag; "" = the env class name (RAGEN's tag, e.g. "Sokoban")
+    val_extra: dict = dataclasses.field(default_factory=dict)  # extra validation envs: {tag: {param overrides}}
+
+
+@frozen
+class AlgorithmConfig:
+    adv_estimator: str = "gae"  # gae (PPO, critic) | grpo | drgrpo | rloo | brpo | arpo (RAGEN: gae)
+    gamma: float = 1.0  # GAE discount (RAGEN: 1)
+    lam: float = 1.0  # GAE lambda (RAGEN: 1)
+    bi_level_gae: bool = False  # RAGEN's turn-then-token GAE (uses turn scores)
+    high_level_gamma: float = 0.95  # bi-level GAE turn discount (RAGEN: 0.95)
+    norm_adv_by_std: bool = True  # GRPO: divide by the group std (RAGEN: True)
+    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
+    clip_low: float = 0.2  # PPO ratio clip below (RAGEN: 0.2)
+    clip_high: float = 0.28  # PPO ratio clip above, clip-higher (RAGEN: 0.28)
+    clip_c: float = 3.0  # dual clip for negative advantages (RAGEN: 3)
+    entropy_coeff: float = 0.001  # entropy bonus (RAGEN: 0.001)
+    kl_coef: float = 0.0  # KL-to-reference loss weight; > 0 adds the reference role (RAGEN: 0)
+    kl_estimator: str = "k1"  # k1 | k3 | mse (RAGEN: kl = k1)
+
+    def __post_init__(self):
+        _choice("algorithm.adv_estimator", self.adv_estimator, tuple(ESTIMATORS))
+        if self.bi_level_gae and self.adv_estimator != "gae":
+            raise ConfigError("algorithm.bi_level_gae needs algorithm.adv_estimator=gae")
+        if self.kl_coef < 0 or self.entropy_coeff < 0:
+            raise ConfigError("algorithm.kl_coef and algorithm.entropy_coeff must be >= 0")
+
+
+@frozen
+class ActorConfig:
+    lr: float = 1e-6  # AdamW learning rate (RAGEN: 1e-6)
+    lr_schedule: str = "constant"  # constant | cosine, over trainer.total_steps training steps (RAGEN: constant)
+    warmup_steps: int = 0  # linear learning-rate warmup, in training steps (RAGEN: 0)
+    weight_decay: float = 0.01  # AdamW weight decay (RAGEN: 0.01)
+    grad_clip: float = 1.0  # global-norm clip (RAGEN: 1)
+    ppo_mini_batch_size: int = 32  # trajectories per optimizer step (RAGEN: 32)
+    ppo_epochs: int = 1  # passes over a batch (RAGEN: 1)
+    micro_batches: int = 1  # gradient-accumulation chunks per mini-batch (memory only)
+    recompute_logprobs: bool = True  # old log-probs from a forward pass (RAGEN) vs the sampler's
+
+    def __post_init__(self):
+        _choice("actor.lr_schedule", self.lr_schedule, ("constant", "cosine"))
+        _at_least("actor", self, ("ppo_mini_batch_size", "ppo_epochs", "micro_batches"), 1)
+        _at_least("actor", self, ("warmup_steps",), 0)
+        if self.ppo_mini_batch_size % self.micro_batches:
+            raise ConfigError(f"actor.micro_batches={self.micro_batches} must divide "
+                              f"actor.ppo_mini_batch_size={self.ppo_mini_batch_size}")
+
+
+@frozen
+class CriticConfig:
+    lr: float = 1e-5  # critic AdamW learning rate (RAGEN: 1e-5)
+    weight_decay: float = 0.01  # critic AdamW weight decay (RAGEN: 0.01)
+    value_clip: float = 0.5  # clipped value loss range (RAGEN: 0.5)
+    grad_clip: float = 1.0  # critic global-norm clip (RAGEN: 1)
+    micro_batches: int = 1  # critic gradient-accumulation chunks per mini-batch (memory only)
+    warmup: int = 0  # first training steps that train only the critic (RAGEN: critic_warmup 0)
+
+    def __post_init__(self):
+        _at_least("critic", self, ("micro_batches",), 1)
+        _at_least("critic", self, ("warmup",), 0)
+
+
+@frozen
+class WarmstartConfig:
+    steps: int = 0  # format-only SFT steps before RL (tiny presets: > 0)
+    batch_size: int = 16  # trajectories per warm-start step
+    lr: float = 1e-3  # warm-start learning rate
+    episodes: int = 256  # random-valid-action episodes generated for it
+    legal_actions: bool = False  # draw only state-changing actions (no walking into walls)
+
+
+@frozen
+class SFTConfig:
+    data: str = ""  # JSONL of chat trajectories ({"messages": [...]}) for an SFT stage
+    steps: int = 0  # SFT optimizer steps (0 = off)
+    batch_size: int = 8  # conversations per SFT step
+    lr: float = 1e-5  # SFT learning rate
+
+    def __post_init__(self):
+        if self.steps and not Path(self.data).is_file():
+            raise ConfigError(f"sft.data: no such file: {self.data!r}")
+
+
+@frozen
+class DiagnosticsConfig:
+    compute_freq: int = 5  # collapse diagnostics every k steps, 0 = off (RAGEN: 5)
+    num_samples: int = 64  # first-turn pairs: episodes scored under every group's prompt (RAGEN: 64)
+    trajectory_samples: int = 64  # trajectory-uniform pairs, each its own input; 0 = off (RAGEN: 64)
+    micro_batch_size: int = 128  # rows per cross-scoring forward pass (RAGEN: 128)
+    ema: float = 0.9  # EMA decay of the MI z-score (one EMA per pair kind)
+    gradient_analysis: bool = False  # per-component grad norms by reward-std bucket, every compute_freq steps (costly)
+    gradient_buckets: int = 3  # reward-std buckets of groups for it (RAGEN: 4-6)
+
+    def __post_init__(self):
+        _at_least("diagnostics", self, ("gradient_buckets", "micro_batch_size"), 1)
+        _at_least("diagnostics", self, ("compute_freq", "num_samples", "trajectory_samples"), 0)
+
+
+@frozen
+class TrainerConfig:
+    output_dir: str = ""  # run folder; "" = runs/<env>-<preset>
+    total_steps: int = 200  # training steps (RAGEN: 200)
+    test_freq: int = 10  # validate every k steps (RAGEN: 10)
+    val_before_train: bool = True  # validate at step 0 (RAGEN: True)
+    save_freq: int = 100  # checkpoint every k steps (RAGEN: 100)
+    keep_checkpoints: int = 3  # checkpoints kept (the last k)
+    save_trajectories: bool = True  # write validation trajectories (JSONL + HTML viewer)
+    progress: bool = True  # console progress bar
+    logger: tuple = ("tensorboard", "jsonl")  # metric sinks: tensorboard, jsonl, wandb (console is always on)
+    project_name: str = "ragen_jax"  # Weights & Biases project (RAGEN: trainer.project_name)
+    experiment_name: str = ""  # Weights & Biases run name; "" = the run folder's name
+    stop_reward_std_collapse: bool = False  # RAGEN: 10 steps of in-group std < 0.1 x early mean
+    stop_empty_after_filter: int = 5  # stop after k consecutive empty batches (0 = never)
+    stop_val_success_collapse: bool = False  # RAGEN: val success < 0.01 five times running
+
+    def __post_init__(self):
+        _at_least("trainer", self, ("total_steps", "test_freq", "save_freq", "keep_checkpoints"), 1)
+
+
+@frozen
+class MeshConfig:
+    data: int = -1  # data-parallel axis (-1 = every remaining device)
+    fsdp: int = 1  # parameter-sharding axis
+    tensor: int = 1  # tensor-parallel axis
+
+
+@frozen
+class DistributedConfig:
+    coordinator_address: str = ""  # "host:port" of process 0; "auto" (TPU pod, SLURM); "" = one process
+    num_processes: int = 1  # processes in the job
+    process_id: int = 0  # this process's index
+    initialization_timeout_s: int = 300  # give up if the job has not assembled by then
+    heartbeat_timeout_s: int = 100  # a silent (dead) process ends the others after this
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.coordinator_address) and (
+            self.num_processes > 1 or self.coordinator_address == "auto")
+
+
+@frozen
+class RunConfig:
+    """A whole run: ``config.<section>.<field>`` on the command line."""
+
+    preset: str = "tiny"  # which preset built this config (informational)
+    seed: int = 0  # one seed drives init, env seeds' noise, sampling and batch padding
+    model: ModelConfig = ModelConfig()
+    env: EnvConfig = EnvConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    filter: FilterConfig = FilterConfig()
+    actor: ActorConfig = ActorConfig()
+    critic: CriticConfig = CriticConfig()
+    warmstart: WarmstartConfig = WarmstartConfig()
+    sft: SFTConfig = SFTConfig()
+    diagnostics: DiagnosticsConfig = DiagnosticsConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    mesh: MeshConfig = MeshConfig()
+    distributed: DistributedConfig = DistributedConfig()
+
+    def __post_init__(self):
+        d = self.distributed
+        if d.enabled and d.coordinator_address != "auto":
+            for name in ("env_groups", "val_groups"):
+                if getattr(self.rollout, name) % d.num_processes:
+                    raise ConfigError(f"rollout.{name}={getattr(self.rollout, name)} must be a "
+                                      f"multiple of distributed.num_processes={d.num_processes}")
+        if self.preset != "tiny" and not self.model.path:
+            raise ConfigError(f"model.path is required for preset {self.preset}: give "
+                              f"--config.model.path=/path/to/a/local/Hugging-Face/folder")
+
+
+# ----------------------------------------------------------------------------------------------
+# ConfigDict <-> RunConfig
+# ----------------------------------------------------------------------------------------------
+
+def to_config_dict(run: RunConfig | None = None) -> ConfigDict:
+    """The ConfigDict of ``run`` (default: every default), one entry per schema field."""
+    run = RunConfig() if run is None else run
+    out = ConfigDict()
+    for f in dataclasses.fields(run):
+        value = getattr(run, f.name)
+        if dataclasses.is_dataclass(value):
+            section = ConfigDict()
+            for g in dataclasses.fields(value):
+                section[g.name] = getattr(value, g.name)
+            out[f.name] = section
+        else:
+            out[f.name] = value
+    return out
+
+
+def from_config_dict(config: ConfigDict | dict) -> RunConfig:
+    """The typed ``RunConfig`` of a ConfigDict; raises ``ConfigError`` naming the bad field."""
+    config = config.to_dict() if isinstance(config, ConfigDict) else dict(config)
+    sections = {}
+    hints = typing.get_type_hints(RunConfig)
+    unknown = set(config) - set(hints)
+    if unknown:
+        raise ConfigError(f"{sorted(unknown)[0]}: unknown config field")
+    for name, value in config.items():
+        cls = hints[name]
+        if dataclasses.is_dataclass(cls):
+            sections[name] = _section(name, cls, value)
+        else:
+            sections[name] = _typed(name, value, cls)
+    try:
+        return RunConfig(**sections)
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _section(name: str, cls: type, values: Any) -> Any:
+    if not isinstance(values, dict):
+        raise ConfigError(f"{name}: expected a group of fields, got {values!r}")
+    hints = typing.get_type_hints(cls)
+    unknown = set(values) - set(hints)
+    if unknown:
+        raise ConfigError(f"{name}.{sorted(unknown)[0]}: unknown config field")
+    kw = {k: _typed(f"{name}.{k}", v, hints[k]) for k, v in values.items()}
+    try:
+        return cls(**kw)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as e:
+        message = str(e)
+        raise ConfigError(message if message.startswith(name) else f"{name}: {message}") from None
+
+
+def _typed(field: str, value: Any, hint: Any) -> Any:
+    """``value`` as the schema type ``hint`` (ints widen to floats; lists become tuples)."""
+    origin = typing.get_origin(hint) or hint
+    if origin in (types.UnionType, typing.Union):
+        origin = next(a for a in typing.get_args(hint) if a is not type(None))
+    if origin is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if origin is tuple and isinstance(value, list | tuple):
+        return tuple(value)
+    if origin is tuple and isinstance(value, str):  # --config.trainer.logger=wandb
+        return tuple(v.strip() for v in value.split(",") if v.strip())
+    if origin is dict and isinstance(value, dict):
+        return {k: tuple(v) if isinstance(v, list) else v for k, v in value.items()}
+    if origin in (int, float, str, bool, dict, tuple) and not (
+            isinstance(value, origin) and not (origin is int and isinstance(value, bool))):
+        raise ConfigError(f"{field}: expected {origin.__name__}, got {value!r}")
+    return value
+
+
+# ----------------------------------------------------------------------------------------------
+# Derived settings
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+    """What the pieces of a run consume, with every derived value computed here.
+
+    ``step.critic`` / ``step.reference`` are the optional roles, decided once: a critic iff
+    the estimator needs values (GAE); a reference iff ``kl_coef > 0`` ("adapters_off": the
+    actor with its LoRA adapters disabled; "frozen_copy": a frozen copy of the starting
+    actor).
+    """
+
+    run: RunConfig
+    rollout: RolloutConfig
+    step: StepSettings  # the update's settings: roles, optimizers, advantages
+    filter: FilterConfig
+    output_dir: Path
+    notes: tuple[str, ...]  # one line per derived value, for the start-of-run printout
+
+
+def resolve(run: RunConfig) -> Resolved:
+    """Computes every derived setting of ``run`` (see ``Resolved``)."""
+    a, act, notes = run.algorithm, run.actor, []
+    use_turn_scores = run.rollout.use_turn_scores or a.bi_level_gae
+    if use_turn_scores != run.rollout.use_turn_scores:
+        notes.append("rollout.use_turn_scores = True (algorithm.bi_level_gae places each "
+                     "turn's score on its last token)")
+    loss_agg = a.loss_agg_mode
+    if a.adv_estimator == "drgrpo" and loss_agg == "token-mean":
+        loss_agg = "seq-mean-token-sum"
+        notes.append("algorithm.loss_agg_mode = seq-mean-token-sum (Dr.GRPO's aggregation; "
+                     "set another mode explicitly to keep it)")
+    common = dict(total_steps=run.trainer.total_steps, clip_low=a.clip_low,
+                  clip_high=a.clip_high, clip_c=a.clip_c, kl_estimator=a.kl_estimator,
+                  loss_agg_mode=loss_agg, temperature=run.rollout.temperature)
+    try:
+        actor = UpdateConfig(lr=act.lr, lr_schedule=act.lr_schedule, warmup_steps=act.warmup_steps,
+                             weight_decay=act.weight_decay, grad_clip=act.grad_clip,
+                             entropy_coeff=a.entropy_coeff, kl_coef=a.kl_coef,
+                             micro_batches=act.micro_batches, **common)
+        critic = None
+        if a.adv_estimator in NEEDS_CRITIC:
+            c = run.critic
+            critic = UpdateConfig(lr=c.lr, weight_decay=c.weight_decay, grad_clip=c.grad_clip,
+                                  micro_batches=c.micro_batches, value_clip=c.value_clip,
+                                  entropy_coeff=0.0, kl_coef=0.0, **common)
+            if act.ppo_mini_batch_size % c.micro_batches:
+                raise ConfigError(f"critic.micro_batches={c.micro_batches} must divide "
+                                  f"actor.ppo_mini_batch_size={act.ppo_mini_batch_size}")
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    notes.append(f"critic: {'yes (GAE)' if critic else f'none ({a.adv_estimator} needs no values)'}")
+    reference = None
+    if a.kl_coef > 0:
+        reference = "adapters_off" if run.model.lora_rank else "frozen_copy"
+    notes.append(f"reference policy: {reference or 'none (algorithm.kl_coef = 0)'}")
+    rows = run.rollout.env_groups * run.rollout.group_size
+    mini = act.ppo_mini_batch_size
+    notes.append(f"optimizer steps per training step: {act.ppo_epochs} epoch(s) x "
+                 f"{math.ceil(rows / mini)} mini-batch(es) of {mini} when no group is filtered "
+                 f"({rows} trajectories); the lr schedule counts training steps "
+                 f"({run.trainer.total_steps})")
+    if act.lr_schedule == "cosine" and run.trainer.total_steps <= act.warmup_steps:
+        raise ConfigError("trainer.total_steps must exceed actor.warmup_steps for the cosine "
+                          "schedule")
+    out = Path(run.trainer.output_dir or f"runs/{run.env.name}-{run.preset}")
+    notes.append(f"output_dir: {out}")
+    rollout = dataclasses.replace(run.rollout, use_turn_scores=use_turn_scores)
+    advantages = AdvantageSettings(
+        estimator=a.adv_estimator, gamma=a.gamma, lam=a.lam, norm_adv_by_std=a.norm_adv_by_std,
+        bi_level_gae=a.bi_level_gae, high_level_gamma=a.high_level_gamma,
+        num_groups=run.rollout.env_groups)
+    step = StepSettings(actor=actor, critic=critic, reference=reference, advantages=advantages,
+                        mini_batch_size=mini, epochs=act.ppo_epochs,
+                        recompute_logprobs=act.recompute_logprobs,
+                        gradient_buckets=run.diagnostics.gradient_buckets)
+    return Resolved(run=run, rollout=rollout, step=step, filter=run.filter, output_dir=out,
+                    notes=tuple(notes))
+
+
+def describe(resolved: Resolved) -> str:
+    """The derived settings, one per line (printed at the start of a run)."""
+    return "derived settings:\n" + "\n".join(f"  {line}" for line in resolved.notes)

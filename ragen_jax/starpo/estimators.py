@@ -1,0 +1,81 @@
+"""Advantage estimators by registered name (``algorithm.adv_estimator``).
+
+Each estimator is a function ``(settings, inputs, values) -> (advantages [B, L], returns
+[B, L] or None)`` built from the pure pieces of ``starpo.advantages``; ``values`` are the
+critic's (``None`` for the critic-free estimators, which are the ones not in
+``NEEDS_CRITIC``). Registering a new name here makes it a valid config value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from ragen_jax.starpo import advantages as adv_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageSettings:
+    """The ``config.algorithm`` fields the estimators read."""
+
+    estimator: str = "gae"
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std: bool = True
+    bi_level_gae: bool = False
+    high_level_gamma: float = 0.95
+    num_groups: int = 1  # groups of the whole (global) batch, for the group estimators
+
+
+@flax.struct.dataclass
+class AdvantageInputs:
+    token_rewards: jax.Array  # [B, L] float32, scores on sampled tokens
+    loss_mask: jax.Array  # [B, L] bool, sampled tokens
+    turn_end: jax.Array  # [B, L] float32, 1 on each turn's last sampled token
+    scores: jax.Array  # [B] float32, trajectory scores
+    group_ids: jax.Array  # [B] int32, global group of each row
+
+
+Estimator = Callable[[AdvantageSettings, AdvantageInputs, jax.Array | None],
+                     tuple[jax.Array, jax.Array | None]]
+
+
+def _gae(s: AdvantageSettings, x: AdvantageInputs, values: jax.Array | None):
+    mask = x.loss_mask.astype(jnp.float32)
+    if s.bi_level_gae:
+        return adv_lib.bi_level_gae(x.token_rewards, values, mask, x.turn_end, s.gamma, s.lam,
+                                    s.high_level_gamma)
+    return adv_lib.gae(x.token_rewards, values, mask, s.gamma, s.lam)
+
+
+def _per_trajectory(fn: Callable[[AdvantageSettings, AdvantageInputs], jax.Array]) -> Estimator:
+    """An estimator from a per-trajectory advantage [B], broadcast on the sampled tokens."""
+
+    def estimator(s, x, values):
+        del values
+        return adv_lib.broadcast(fn(s, x), x.loss_mask.astype(jnp.float32)), None
+
+    return estimator
+
+
+ESTIMATORS: dict[str, Estimator] = {
+    "gae": _gae,
+    "grpo": _per_trajectory(lambda s, x: adv_lib.grpo(x.scores, x.group_ids, s.num_groups,
+                                                      norm_by_std=s.norm_adv_by_std)),
+    "drgrpo": _per_trajectory(lambda s, x: adv_lib.grpo(x.scores, x.group_ids, s.num_groups,
+                                                        norm_by_std=False)),
+    "rloo": _per_trajectory(lambda s, x: adv_lib.rloo(x.scores, x.group_ids, s.num_groups)),
+    "brpo": _per_trajectory(lambda s, x: adv_lib.brpo(x.scores)),
+    "arpo": _per_trajectory(lambda s, x: adv_lib.arpo(x.scores)),
+}
+NEEDS_CRITIC = frozenset({"gae"})
+
+
+def compute_advantages(settings: AdvantageSettings, inputs: AdvantageInputs,
+                       values: jax.Array | None = None) -> tuple[jax.Array, jax.Array | None]:
+    """``(advantages [B, L], returns [B, L] or None)`` by ``settings.estimator``."""
+    return ESTIMATORS[settings.estimator](settings, inputs, values)

@@ -1,0 +1,92 @@
+"""From a rollout batch and the filter's decision to the update's ``StepBatch``.
+
+``build_step_batch`` is the one place where rows are chosen (the kept groups, padded by
+copies of kept rows to a multiple of the mini-batch size and the data-parallel device count,
+RAGEN's ``batch_adjust_mode=copy``), balanced across processes (each feeds the same number of
+rows), cut to a common width, and placed on the mesh as global arrays.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from ragen_jax import distributed as dist
+from ragen_jax.rollout.agent import RolloutBatch
+from ragen_jax.starpo.step import StepBatch
+
+
+def select_rows(keep_groups: np.ndarray, group_ids: np.ndarray, multiple: int,
+                rng: np.random.Generator) -> np.ndarray:
+    """Rows of the kept groups, padded to a multiple of ``multiple`` by duplicating random
+    kept rows. Empty if nothing was kept."""
+    rows = np.nonzero(keep_groups[group_ids])[0]
+    if rows.size == 0:
+        return rows
+    short = (-rows.size) % multiple
+    return np.concatenate([rows, np.sort(rng.choice(rows, size=short))]) if short else rows
+
+
+def balanced_rows(keep: np.ndarray, group_ids: np.ndarray, weights: np.ndarray, multiple: int,
+                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Multi-process row selection: this process's kept rows, padded by copies to the largest
+    count any process has (rounded up to ``multiple / processes``), so that every process
+    feeds the same number of rows. A process that kept nothing feeds copies of row 0 with
+    weight 0 (they add nothing to the loss)."""
+    per = multiple // math.gcd(multiple, jax.process_count())
+    rows = select_rows(keep, group_ids, 1, rng)
+    target = int(dist.allgather(np.int64(rows.size)).max())
+    target = -(-target // per) * per
+    w = weights.astype(np.float32).copy()
+    if rows.size == 0:
+        w[0] = 0.0
+        return np.zeros(target, np.int64), w
+    extra = np.sort(rng.choice(rows, size=target - rows.size)) if target > rows.size else rows[:0]
+    return np.concatenate([rows, extra]), w
+
+
+def turn_ends(loss_mask: np.ndarray, turn_ids: np.ndarray) -> np.ndarray:
+    """1 on the last sampled token of each turn (bi-level GAE's turn boundaries)."""
+    sampled = loss_mask.astype(bool)
+    nxt = np.concatenate([turn_ids[:, 1:], np.zeros_like(turn_ids[:, :1])], 1)
+    nxt_sampled = np.concatenate([sampled[:, 1:], np.zeros_like(sampled[:, :1])], 1)
+    return (sampled & ~(nxt_sampled & (nxt == turn_ids))).astype(np.float32)
+
+
+def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray, *,
+                     group_offset: int, mini_batch_size: int, pad_multiple: int,
+                     group_buckets: np.ndarray, mesh: Mesh, rng: np.random.Generator
+                     ) -> StepBatch | None:
+    """The update's rows of this process's rollout ``batch`` (``None`` if no process kept
+    any). ``keep [G_local]`` and ``weights [B_local]`` come from the filter, ``group_offset``
+    is this process's first global group id, ``group_buckets [G]`` the reward-std bucket of
+    every global group (``starpo.gradient_analysis.reward_std_buckets``; zeros when unused)."""
+    n_dev = mesh.shape["data"] * mesh.shape["fsdp"]
+    multiple = math.lcm(mini_batch_size, n_dev)
+    if dist.multiprocess():
+        rows, weights = balanced_rows(keep, batch.group_ids, weights, multiple, rng)
+    else:
+        rows = select_rows(keep, batch.group_ids, multiple, rng)
+    if not dist.any_process(rows.size > 0):
+        return None
+    width = int(batch.attention_mask[rows].any(0).nonzero()[0].max()) + 1
+    width = int(dist.allgather(np.int64(width)).max())
+    width = -(-width // pad_multiple) * pad_multiple
+
+    def cols(x):  # this process's rows, cut or zero-padded to the global width
+        x = x[rows, :width]
+        return np.pad(x, ((0, 0), (0, width - x.shape[1]))) if x.shape[1] < width else x
+
+    group_ids = batch.group_ids[rows] + group_offset
+    local = StepBatch(
+        input_ids=cols(batch.input_ids), attention_mask=cols(batch.attention_mask),
+        positions=cols(batch.position_ids),
+        loss_mask=cols(batch.loss_mask.astype(np.float32) * weights[:, None]),
+        sampler_logp=cols(batch.model_logprobs), token_rewards=cols(batch.token_rewards),
+        turn_end=turn_ends(cols(batch.loss_mask), cols(batch.turn_ids)),
+        scores=batch.scores[rows], group_ids=group_ids.astype(np.int32),
+        bucket_ids=np.asarray(group_buckets, np.int32)[group_ids])
+    return jax.tree.map(lambda x: dist.global_rows(x, mesh), local)

@@ -1,0 +1,228 @@
+"""A training step's optimisation as one pure function: ``update(state, batch)``.
+
+``TrainState`` is every array a run trains or keeps between steps (the actor's trained
+variables and optimizer state, the optional critic and its optimizer state, the optional
+frozen reference, the step counter); ``Networks`` holds what never changes (graph
+definitions and untrained variables, e.g. the frozen base weights under LoRA).
+``make_update(settings, networks, mesh)`` returns the jitted
+
+    update(state, batch: StepBatch, *, train_actor=True, analyse_gradients=False)
+        -> (state, metrics)
+
+which reads like the algorithm: old log-probs (recomputed, or the sampler's), reference
+log-probs, critic values, advantages, critic epochs, actor epochs. Each optional role is a
+function chosen once when the update is built. Metrics stay on device (one fetch per step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh
+
+from ragen_jax.models.lora import without_adapters
+from ragen_jax.starpo import gradient_analysis as grad_lib
+from ragen_jax.starpo.estimators import AdvantageInputs, AdvantageSettings, compute_advantages
+from ragen_jax.starpo.losses import masked_mean
+from ragen_jax.starpo.update import (
+    CriticBatch,
+    TrainBatch,
+    UpdateConfig,
+    critic_objective,
+    learning_rate,
+    make_optimizer,
+    make_step_fn,
+    mini_batch_epochs,
+    token_logprobs,
+    token_values,
+)
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Every array a run carries from one training step to the next (a pytree)."""
+
+    step: jax.Array  # [] int32, training steps done
+    actor: Any  # nnx.State: the actor's trained variables (all Params, or the LoRA adapters)
+    actor_opt: Any  # its optax state
+    critic: Any = None  # nnx.State of the critic's Params; None without a critic
+    critic_opt: Any = None
+    reference: Any = None  # frozen copy of the starting actor; None if no KL or under LoRA
+
+
+@dataclasses.dataclass(frozen=True)
+class Networks:
+    """The unchanging halves of the models (``nnx.split``): graph definitions and the
+    variables that are not trained."""
+
+    actor: Any  # GraphDef
+    actor_rest: Any  # nnx.State
+    critic: Any = None
+    critic_rest: Any = None
+
+
+@flax.struct.dataclass
+class StepBatch:
+    """One step's training rows, ``[B, L]`` token slots (real tokens a prefix per row)."""
+
+    input_ids: jax.Array  # [B, L] int32
+    attention_mask: jax.Array  # [B, L] bool
+    positions: jax.Array  # [B, L] int32
+    loss_mask: jax.Array  # [B, L] float32, sampled tokens times the filter's weight
+    sampler_logp: jax.Array  # [B, L] float32, log_softmax(logits / T) the sampler saw
+    token_rewards: jax.Array  # [B, L] float32
+    turn_end: jax.Array  # [B, L] float32, 1 on each turn's last sampled token
+    scores: jax.Array  # [B] float32
+    group_ids: jax.Array  # [B] int32, global group ids
+    bucket_ids: jax.Array  # [B] int32, reward-std bucket of the row's group (gradient analysis)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSettings:
+    """What ``make_update`` needs, resolved from the run config (``schema.resolve``)."""
+
+    actor: UpdateConfig
+    critic: UpdateConfig | None  # None: no critic role
+    reference: str | None  # None | "frozen_copy" | "adapters_off"
+    advantages: AdvantageSettings
+    mini_batch_size: int
+    epochs: int
+    recompute_logprobs: bool
+    gradient_buckets: int = 3
+
+
+def init_state(settings: StepSettings, actor: Any, critic: Any = None) -> TrainState:
+    """The state at step 0 from the trained variables of the actor (and critic)."""
+    state = TrainState(step=jnp.zeros((), jnp.int32), actor=actor,
+                       actor_opt=make_optimizer(settings.actor).init(actor))
+    if settings.critic is not None:
+        state = state.replace(critic=critic, critic_opt=make_optimizer(settings.critic).init(critic))
+    if settings.reference == "frozen_copy":
+        state = state.replace(reference=jax.tree.map(jnp.copy, actor))
+    return state
+
+
+def make_update(settings: StepSettings, networks: Networks, mesh: Mesh | None = None) -> Callable:
+    """The jitted ``update(state, batch, *, train_actor=True, analyse_gradients=False)``
+    (see the module docstring). ``train_actor=False`` trains only the critic (its warmup);
+    ``analyse_gradients`` adds ``grad_analysis/*`` norms (``starpo.gradient_analysis``).
+    The untrained variables (``networks.*_rest``) are arguments of the compiled function,
+    not constants baked into it."""
+    s = settings
+    chunk = max(1, s.mini_batch_size // s.actor.micro_batches)  # rows per forward pass
+    actor_step = make_step_fn(networks.actor, s.actor, make_optimizer(s.actor), mesh=mesh)
+    critic_step = None if s.critic is None else make_step_fn(
+        networks.critic, s.critic, make_optimizer(s.critic), critic_objective, mesh)
+
+    def logprobs(trained, rest, batch: StepBatch) -> jax.Array:
+        def one(rows):
+            model = nnx.merge(networks.actor, trained, rest)
+            return token_logprobs(model, rows.input_ids, rows.attention_mask, rows.positions,
+                                  s.actor.temperature)[0]
+        return _chunked(one, batch, chunk)
+
+    old_logprobs = logprobs if s.recompute_logprobs else (lambda trained, rest, batch: batch.sampler_logp)
+    reference = {None: None,
+                 "frozen_copy": lambda state, rest, batch: logprobs(state.reference, rest, batch),
+                 "adapters_off": lambda state, rest, batch: logprobs(without_adapters(state.actor),
+                                                                     rest, batch),
+                 }[s.reference]
+
+    def update(state: TrainState, batch: StepBatch, actor_rest, critic_rest, train_actor: bool,
+               analyse_gradients: bool):
+        mask = batch.loss_mask > 0
+        metrics = {"critic/score_mean": jnp.mean(batch.scores)}
+        old_logp = old_logprobs(state.actor, actor_rest, batch)
+        if s.recompute_logprobs:
+            metrics["rollout/logprob_gap"] = masked_mean(jnp.abs(old_logp - batch.sampler_logp), mask)
+        ref_logp = None if reference is None else reference(state, actor_rest, batch)
+        if ref_logp is not None:
+            metrics["rollout/ref_kl"] = masked_mean(old_logp - ref_logp, mask)
+        values = None
+        if critic_step is not None:
+            values = _critic_values(networks.critic, state.critic, critic_rest, batch, chunk)
+        adv, returns = compute_advantages(s.advantages, AdvantageInputs(
+            batch.token_rewards, mask, batch.turn_end, batch.scores, batch.group_ids), values)
+        metrics["critic/advantages_mean"] = masked_mean(adv, mask)
+        if critic_step is not None:
+            state, critic_metrics = _train_critic(s, critic_step, state, critic_rest, batch,
+                                                  values, returns)
+            metrics |= critic_metrics
+        rows = TrainBatch(batch.input_ids, batch.attention_mask, batch.positions,
+                          batch.loss_mask, old_logp, adv, ref_logp)
+        if analyse_gradients:
+            metrics |= _gradient_norms(s, networks.actor, state.actor, actor_rest, rows,
+                                       batch.bucket_ids)
+        if train_actor:
+            lr = learning_rate(s.actor, state.step)
+            actor, actor_opt, actor_metrics = mini_batch_epochs(
+                actor_step, state.actor, actor_rest, state.actor_opt, rows, lr,
+                epochs=s.epochs, mini_batch_size=s.mini_batch_size)
+            state = state.replace(actor=actor, actor_opt=actor_opt)
+            metrics |= actor_metrics | {"actor/lr": lr}
+        return state.replace(step=state.step + 1), metrics
+
+    jitted = jax.jit(update, static_argnames=("train_actor", "analyse_gradients"))
+
+    def call(state: TrainState, batch: StepBatch, *, train_actor: bool = True,
+             analyse_gradients: bool = False) -> tuple[TrainState, dict[str, jax.Array]]:
+        return jitted(state, batch, networks.actor_rest, networks.critic_rest,
+                      train_actor=train_actor, analyse_gradients=analyse_gradients)
+
+    return call
+
+
+def _critic_values(graphdef: Any, params: Any, rest: Any, batch: StepBatch, chunk: int) -> jax.Array:
+    """The critic's values of the batch, ``chunk`` rows per forward pass.  # [B, L]"""
+    def one(rows):
+        model = nnx.merge(graphdef, params, rest)
+        return token_values(model, rows.input_ids, rows.attention_mask, rows.positions)
+    return _chunked(one, batch, chunk)
+
+
+def _train_critic(s: StepSettings, step: Callable, state: TrainState, rest: Any,
+                  batch: StepBatch, old_values: jax.Array, returns: jax.Array
+                  ) -> tuple[TrainState, dict[str, jax.Array]]:
+    """The critic's epochs of mini-batch steps on the clipped value loss."""
+    rows = CriticBatch(batch.input_ids, batch.attention_mask, batch.positions,
+                       batch.loss_mask, old_values, returns)
+    params, opt, metrics = mini_batch_epochs(
+        step, state.critic, rest, state.critic_opt, rows, learning_rate(s.critic, state.step),
+        epochs=s.epochs, mini_batch_size=s.mini_batch_size)
+    metrics = {k: v for k, v in metrics.items() if k.startswith("critic/")}
+    metrics["critic/values_mean"] = masked_mean(old_values, batch.loss_mask > 0)
+    return state.replace(critic=params, critic_opt=opt), metrics
+
+
+def _chunked(fn: Callable[[StepBatch], jax.Array], batch: StepBatch, chunk: int) -> jax.Array:
+    """``fn`` over consecutive ``chunk``-row slices of the batch (bounded activation memory),
+    concatenated back to ``[B, L]``."""
+    rows = batch.input_ids.shape[0]
+    if rows % chunk:
+        chunk = rows
+    parts = jax.tree.map(lambda x: x.reshape(rows // chunk, chunk, *x.shape[1:]), batch)
+    out = jax.lax.map(fn, parts)
+    return out.reshape(rows, *out.shape[2:])
+
+
+def _gradient_norms(s: StepSettings, graphdef: Any, actor: Any, rest: Any, rows: TrainBatch,
+                    bucket_ids: jax.Array) -> dict[str, jax.Array]:
+    """``grad_analysis/<name>``: the gradient norm of each actor-loss component by bucket."""
+    size = rows.input_ids.shape[0]
+    chunk = max(1, s.mini_batch_size // s.actor.micro_batches)
+    micro = size // chunk if size % chunk == 0 else 1
+    analyse = grad_lib.make_gradient_analysis(graphdef, s.actor, s.gradient_buckets, micro)
+    norms = analyse(actor, rest, rows, bucket_ids)
+    return {f"grad_analysis/{k}": v for k, v in norms.items()}
+
+
+def abstract_like(tree: Any) -> Any:
+    """``ShapeDtypeStruct`` leaves (with their shardings) of a pytree of arrays."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                       sharding=getattr(x, "sharding", None)), tree)

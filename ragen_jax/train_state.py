@@ -1,0 +1,115 @@
+"""A run's models and ``TrainState``, built from its config; a trained policy from a checkpoint.
+
+* ``build_actor(model_config, seed, mesh)``: the policy network, a Hugging Face folder or the
+  tiny random model, with LoRA adapters when ``model.lora_rank > 0``.
+* ``build_state(settings, actor, seed)``: splits the actor (and the critic made from it, if
+  the run has that role) into ``Networks`` (what is never trained) and the step-0
+  ``TrainState``, placed where the actor's parameters are.
+* ``load_policy(run_dir, step)``: the actor of a run's checkpoint, for export and
+  evaluation: restores only the actor's arrays, into the shapes of an abstract model
+  (``nnx.eval_shape``), without envs, samplers or optimizers.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh, SingleDeviceSharding
+
+from ragen_jax.checkpoint import CheckpointStore
+from ragen_jax.config import load_run_config
+from ragen_jax.models import Qwen2ForCausalLM, Qwen2ForValue, QwenConfig, from_pretrained
+from ragen_jax.models import tokenizer as tokenizers
+from ragen_jax.models.lora import add_lora
+from ragen_jax.models.qwen import shard_model
+from ragen_jax.models.weights import load_config as load_model_config
+from ragen_jax.schema import ModelConfig, RunConfig, from_config_dict
+from ragen_jax.starpo.step import Networks, StepSettings, TrainState, init_state
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def tiny_config(model: ModelConfig) -> QwenConfig:
+    """The architecture of the tiny random model (``model.path == ""``)."""
+    dtype = DTYPES[model.dtype]
+    return QwenConfig.tiny(hidden_size=model.hidden_size, num_hidden_layers=model.num_hidden_layers,
+                           intermediate_size=model.intermediate_size,
+                           num_attention_heads=model.num_attention_heads,
+                           num_key_value_heads=model.num_key_value_heads,
+                           head_dim=model.hidden_size // model.num_attention_heads,
+                           param_dtype=dtype, dtype=dtype)
+
+
+def build_actor(model: ModelConfig, seed: int, mesh: Mesh | None = None, *,
+                abstract: bool = False) -> Qwen2ForCausalLM:
+    """The policy network (see the module docstring). ``abstract``: shapes only, no weights
+    read or initialised, unless LoRA needs the real base weights."""
+    dtype = DTYPES[model.dtype]
+    abstract = abstract and not model.lora_rank
+    if model.path and not abstract:
+        actor = from_pretrained(model.path, dtype=dtype, mesh=mesh)
+    else:
+        config = load_model_config(model.path, dtype=dtype) if model.path else tiny_config(model)
+        def make() -> Qwen2ForCausalLM:
+            return Qwen2ForCausalLM(config, rngs=nnx.Rngs(seed))
+
+        actor = nnx.eval_shape(make) if abstract else make()
+        if mesh is not None and not abstract:
+            actor = shard_model(actor, mesh)
+    if model.lora_rank:
+        add_lora(actor, model.lora_rank, model.lora_alpha, seed=seed)
+    return actor
+
+
+def load_tokenizer(model: ModelConfig) -> Any:
+    """The model folder's tokenizer, or the built-in one for the tiny model."""
+    return tokenizers.load(model.path or None)
+
+
+def trained(model: ModelConfig) -> Any:
+    """The NNX filter of the actor's trained variables: the adapters under LoRA, else all."""
+    return nnx.LoRAParam if model.lora_rank else nnx.Param
+
+
+def build_state(settings: StepSettings, actor: Qwen2ForCausalLM, model: ModelConfig,
+                seed: int) -> tuple[Networks, TrainState]:
+    """``(networks, step-0 state)`` of ``actor`` (and of a critic built from it when
+    ``settings.critic`` is set: its backbone copied, RAGEN's initialisation)."""
+    graphdef, actor_vars, actor_rest = nnx.split(actor, trained(model), ...)
+    networks = Networks(graphdef, actor_rest)
+    critic_vars = None
+    if settings.critic is not None:
+        critic = Qwen2ForValue.from_actor(actor, seed=seed + 1)
+        critic_graph, critic_vars, critic_rest = nnx.split(critic, nnx.Param, ...)
+        networks = Networks(graphdef, actor_rest, critic_graph, critic_rest)
+    state = jax.jit(functools.partial(init_state, settings))(actor_vars, critic_vars)
+    return networks, state
+
+
+def load_policy(run_dir: str | Path, step: int | None = None, overrides: Any = None
+                ) -> tuple[Qwen2ForCausalLM, Any, RunConfig, int]:
+    """``(actor, tokenizer, run config, step)`` of a run's checkpoint (default: the last).
+    ``overrides`` is the run's config as a ConfigDict with changes (e.g. a moved
+    ``model.path``); default: the saved one."""
+    run = from_config_dict(overrides if overrides is not None else load_run_config(run_dir))
+    store = CheckpointStore(Path(run_dir) / "checkpoints")
+    try:
+        steps = store.all_steps()
+        if not steps:
+            raise FileNotFoundError(f"--checkpoint: no checkpoint under {store.path}")
+        step = max(steps) if step is None else int(step)
+        if step not in steps:
+            raise FileNotFoundError(f"--checkpoint: no step {step} under {store.path} (have {steps})")
+        actor = build_actor(run.model, run.seed, abstract=True)
+        graphdef, abstract, rest = nnx.split(actor, trained(run.model), ...)
+        device = SingleDeviceSharding(jax.devices()[0])
+        like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract)
+        actor = nnx.merge(graphdef, store.restore_actor(step, like), rest)
+    finally:
+        store.close()
+    return actor, load_tokenizer(run.model), run, step

@@ -1,0 +1,125 @@
+"""The whole-step update ``update(state, batch)``: equal to its pieces composed by hand,
+pure, and with each optional role (critic, reference, LoRA reference) decided at build."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from ragen_jax.models import Qwen2ForCausalLM, Qwen2ForValue, QwenConfig
+from ragen_jax.models.lora import add_lora
+from ragen_jax.starpo import advantages as adv_lib
+from ragen_jax.starpo.estimators import AdvantageSettings
+from ragen_jax.starpo.step import Networks, StepBatch, StepSettings, init_state, make_update
+from ragen_jax.starpo.update import (
+    TrainBatch,
+    UpdateConfig,
+    make_optimizer,
+    make_train_step,
+    token_logprobs,
+)
+
+CFG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+           num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+B, L, GROUPS = 8, 16, 2
+
+
+def make_batch(model, seed=0) -> StepBatch:
+    rng = np.random.default_rng(seed)
+    ids = jnp.asarray(rng.integers(0, 64, (B, L)), jnp.int32)
+    lengths = rng.integers(L // 2, L + 1, B)
+    attn = jnp.asarray(np.arange(L)[None] < lengths[:, None])
+    pos = jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (B, L))
+    loss = (attn & jnp.asarray(rng.random((B, L)) < 0.6) & (jnp.arange(L) > 0)).astype(jnp.float32)
+    logp, _ = token_logprobs(model, ids, attn, pos)
+    scores = jnp.asarray(rng.normal(size=B), jnp.float32)
+    last = jnp.asarray(lengths - 1)
+    rewards = jnp.zeros((B, L)).at[jnp.arange(B), last].set(scores) * loss
+    return StepBatch(input_ids=ids, attention_mask=attn, positions=pos, loss_mask=loss,
+                     sampler_logp=logp, token_rewards=rewards, turn_end=jnp.zeros((B, L)),
+                     scores=scores, group_ids=jnp.repeat(jnp.arange(GROUPS), B // GROUPS),
+                     bucket_ids=jnp.zeros(B, jnp.int32))
+
+
+def settings(estimator="grpo", critic=False, reference=None, mini=B, recompute=False):
+    actor = UpdateConfig(lr=1e-3, micro_batches=2, kl_coef=0.1 if reference else 0.0)
+    return StepSettings(actor=actor, critic=UpdateConfig(lr=1e-3, entropy_coeff=0.0) if critic else None,
+                        reference=reference, advantages=AdvantageSettings(estimator=estimator,
+                                                                          num_groups=GROUPS),
+                        mini_batch_size=mini, epochs=1, recompute_logprobs=recompute)
+
+
+def build(s: StepSettings, lora: bool = False):
+    model = Qwen2ForCausalLM(QwenConfig.tiny(**CFG), rngs=nnx.Rngs(0))
+    if lora:
+        add_lora(model, rank=2)
+    graphdef, trained, rest = nnx.split(model, nnx.LoRAParam if lora else nnx.Param, ...)
+    networks, critic_vars = Networks(graphdef, rest), None
+    if s.critic is not None:
+        cg, critic_vars, cr = nnx.split(Qwen2ForValue.from_actor(model, seed=1), nnx.Param, ...)
+        networks = Networks(graphdef, rest, cg, cr)
+    return model, networks, init_state(s, trained, critic_vars)
+
+
+def test_grpo_update_equals_its_pieces_and_is_pure():
+    s = settings()
+    model, networks, state = build(s)
+    batch = make_batch(model)
+    before = jax.tree.map(np.asarray, state)
+    new, metrics = make_update(s, networks)(state, batch)
+    # By hand: GRPO advantages, then one actor step on the whole batch at lr(step 0).
+    adv = adv_lib.broadcast(adv_lib.grpo(batch.scores, batch.group_ids, GROUPS), batch.loss_mask)
+    rows = TrainBatch(batch.input_ids, batch.attention_mask, batch.positions, batch.loss_mask,
+                      batch.sampler_logp, adv, None)
+    opt = make_optimizer(s.actor)
+    params, _, ref_metrics = make_train_step(networks.actor, s.actor, opt)(
+        state.actor, networks.actor_rest, opt.init(state.actor), rows)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(new.actor), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+    assert float(metrics["actor/pg_loss"]) == pytest.approx(float(ref_metrics["actor/pg_loss"]), abs=1e-6)
+    assert int(new.step) == 1 and new.critic is None and new.reference is None
+    assert "rollout/ref_kl" not in metrics and "critic/values_mean" not in metrics
+    # The input state is untouched: the update is a function.
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(state), strict=True):
+        np.testing.assert_array_equal(a, np.asarray(b))
+
+
+def test_mini_batches_and_recompute_match_the_sampler():
+    s = settings(mini=B // 2, recompute=True)
+    model, networks, state = build(s)
+    _, metrics = make_update(s, networks)(state, make_batch(model))
+    assert float(metrics["train/num_mini_batches"]) == 2.0
+    assert float(metrics["rollout/logprob_gap"]) < 1e-5  # same model as the "sampler"
+
+
+def test_critic_role_trains_the_critic_and_can_run_alone():
+    s = settings("gae", critic=True)
+    model, networks, state = build(s)
+    update = make_update(s, networks)
+    batch = make_batch(model)
+    new, metrics = update(state, batch, train_actor=False)  # critic warmup: critic only
+    for a, b in zip(jax.tree.leaves(state.actor), jax.tree.leaves(new.actor), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    moved = [float(jnp.abs(a - b).max()) for a, b in
+             zip(jax.tree.leaves(state.critic), jax.tree.leaves(new.critic), strict=True)]
+    assert max(moved) > 0 and np.isfinite(float(metrics["critic/vf_loss"]))
+    assert "actor/pg_loss" not in metrics
+    new, metrics = update(new, batch)
+    assert "actor/pg_loss" in metrics and "critic/values_mean" in metrics
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_reference_role_starts_at_the_actor(lora):
+    s = settings(reference="adapters_off" if lora else "frozen_copy", recompute=True)
+    model, networks, state = build(s, lora=lora)
+    assert (state.reference is None) == lora  # under LoRA the reference is the adapters-off actor
+    update = make_update(s, networks)
+    batch = make_batch(model)
+    state, metrics = update(state, batch)
+    assert abs(float(metrics["rollout/ref_kl"])) < 1e-6  # reference == policy before any update
+    _, metrics = update(state, batch)
+    assert abs(float(metrics["rollout/ref_kl"])) > 1e-7  # the policy has moved away from it
+    assert np.isfinite(float(metrics["actor/kl_loss"]))

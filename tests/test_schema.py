@@ -1,0 +1,109 @@
+"""The run config's schema: one source of defaults, typed reading, derived values."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from ml_collections import ConfigDict
+
+from ragen_jax.schema import (
+    ConfigError,
+    RunConfig,
+    describe,
+    from_config_dict,
+    resolve,
+    to_config_dict,
+)
+from ragen_jax.starpo.update import UpdateConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def test_config_dict_round_trip_and_json():
+    run = RunConfig()
+    assert from_config_dict(to_config_dict(run)) == run
+    # What a run folder saves (config.json) reads back to the same config.
+    saved = json.loads(to_config_dict(run).to_json_best_effort())
+    assert from_config_dict(ConfigDict(saved)) == run
+
+
+def test_presets_build_from_the_schema():
+    from configs import bandit, base, frozenlake, sokoban
+
+    for module in (base, bandit, frozenlake, sokoban):
+        run = from_config_dict(module.get_config())
+        assert run.preset == "tiny" and run.model.hidden_size == 128
+    c = base.get_config()
+    assert set(c.keys()) == {f.name for f in dataclasses.fields(RunConfig)}
+    assert set(c.rollout.keys()) == {f.name for f in dataclasses.fields(RunConfig().rollout)}
+
+
+def test_update_config_defaults_equal_the_schema():
+    """UpdateConfig keeps defaults for direct use; they must not drift from the schema's."""
+    run = RunConfig()
+    actor = resolve(run).step.actor
+    default = UpdateConfig()
+    for name in ("lr", "weight_decay", "grad_clip", "clip_low", "clip_high", "clip_c",
+                 "entropy_coeff", "kl_coef", "kl_estimator", "loss_agg_mode", "micro_batches",
+                 "temperature", "warmup_steps", "lr_schedule"):
+        assert getattr(actor, name) == getattr(default, name), name
+
+
+@pytest.mark.parametrize("section, field, value, message", [
+    ("rollout", "group_size", 0, "rollout.group_size must be >= 1, got 0"),
+    ("algorithm", "adv_estimator", "ppo", "algorithm.adv_estimator must be one of"),
+    ("model", "dtype", "float16", "model.dtype must be one of"),
+    ("actor", "micro_batches", 3, "actor.micro_batches=3 must divide actor.ppo_mini_batch_size=32"),
+    ("filter", "strategy", "best", "filter.strategy must be one of"),
+    ("trainer", "total_steps", 0, "trainer.total_steps must be >= 1"),
+    ("rollout", "temperature", "hot", "rollout.temperature: expected float, got 'hot'"),
+    ("trainer", "logger", 3, "trainer.logger: expected tuple"),
+])
+def test_bad_values_name_the_field(section, field, value, message):
+    c = to_config_dict().to_dict()  # a config file or config.json can hold any type
+    c[section][field] = value
+    with pytest.raises(ConfigError) as e:
+        from_config_dict(c)
+    assert str(e.value).startswith(f"{section}.")
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_unknown_fields_are_errors():
+    c = to_config_dict().to_dict()
+    c["rollout"]["group_sise"] = 4
+    with pytest.raises(ConfigError, match=r"rollout\.group_sise: unknown config field"):
+        from_config_dict(c)
+
+
+def test_resolve_computes_and_reports_derived_values():
+    c = to_config_dict()
+    c.algorithm.adv_estimator = "drgrpo"
+    plan = resolve(from_config_dict(c))
+    assert plan.step.actor.loss_agg_mode == "seq-mean-token-sum" and plan.step.critic is None
+    assert plan.step.reference is None
+    text = describe(plan)
+    assert "loss_agg_mode = seq-mean-token-sum" in text and "critic: none" in text
+    c = to_config_dict()
+    c.algorithm.bi_level_gae = True
+    c.algorithm.kl_coef = 0.01
+    c.model.lora_rank = 4
+    c.critic.weight_decay = 0.0
+    plan = resolve(from_config_dict(c))
+    assert plan.rollout.use_turn_scores and plan.step.critic is not None
+    assert plan.step.critic.weight_decay == 0.0 and plan.step.actor.weight_decay == 0.01
+    assert plan.step.reference == "adapters_off"
+    c.model.lora_rank = 0
+    assert resolve(from_config_dict(c)).step.reference == "frozen_copy"
+
+
+def test_logger_accepts_ragen_style_lists():
+    c = to_config_dict().to_dict()
+    c["trainer"]["logger"] = ["console", "wandb"]
+    assert from_config_dict(c).trainer.logger == ("console", "wandb")
+    c["trainer"]["logger"] = "tensorboard,wandb"
+    assert from_config_dict(c).trainer.logger == ("tensorboard", "wandb")
