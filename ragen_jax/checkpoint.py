@@ -64,13 +64,6 @@ class CheckpointStore:
             restored[name] = jax.tree_util.tree_unflatten(treedef, [arrays[k] for k in flat])
         return restored, dict(out["meta"])
 
-    def restore_actor(self, step: int, like: Any) -> Any:
-        """Only the ``actor`` item (export and evaluation)."""
-        flat, treedef = _flat(like)
-        out = self.manager.restore(step, args=ocp.args.Composite(
-            actor=ocp.args.StandardRestore({k: _abstract(v) for k, v in flat.items()})))
-        return jax.tree_util.tree_unflatten(treedef, [out["actor"][k] for k in flat])
-
     def close(self) -> None:
         self.manager.close()
 

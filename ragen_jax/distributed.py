@@ -34,8 +34,7 @@ def initialize(d: Any) -> None:
     when already initialized). Must run before anything starts JAX's backend: importing
     ``ragen_jax.train`` does (gymnax builds arrays at import), so ``launch.py`` calls this first.
     Raises ``ValueError`` naming a bad field."""
-    if jax.distributed.is_initialized() or not d.coordinator_address or (
-            d.num_processes <= 1 and d.coordinator_address != "auto"):
+    if jax.distributed.is_initialized() or not d.enabled:
         return
     if d.coordinator_address != "auto" and not 0 <= d.process_id < d.num_processes:
         raise ValueError(f"distributed.process_id must be in [0, num_processes="

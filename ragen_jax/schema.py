@@ -22,6 +22,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+import jax.numpy as jnp
 from ml_collections import ConfigDict
 
 from ragen_jax.rollout.agent import RolloutConfig
@@ -30,7 +31,7 @@ from ragen_jax.starpo.filtering import FilterConfig
 from ragen_jax.starpo.step import StepSettings
 from ragen_jax.starpo.update import UpdateConfig
 
-DTYPES = ("float32", "bfloat16")
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # model.dtype -> JAX dtype
 frozen = dataclasses.dataclass(frozen=True, kw_only=True)
 
 
@@ -62,7 +63,7 @@ class ModelConfig:
     lora_alpha: float = 64.0  # LoRA alpha (RAGEN: 64)
 
     def __post_init__(self):
-        _choice("model.dtype", self.dtype, DTYPES)
+        _choice("model.dtype", self.dtype, tuple(DTYPES))
         _at_least("model", self, ("hidden_size", "num_hidden_layers", "intermediate_size",
                                   "num_attention_heads", "num_key_value_heads"), 1)
         _at_least("model", self, ("lora_rank",), 0)
@@ -346,7 +347,6 @@ class Resolved:
     run: RunConfig
     rollout: RolloutConfig
     step: StepSettings  # the update's settings: roles, optimizers, advantages
-    filter: FilterConfig
     output_dir: Path
     notes: tuple[str, ...]  # one line per derived value, for the start-of-run printout
 
@@ -363,6 +363,9 @@ def resolve(run: RunConfig) -> Resolved:
         loss_agg = "seq-mean-token-sum"
         notes.append("algorithm.loss_agg_mode = seq-mean-token-sum (Dr.GRPO's aggregation; "
                      "set another mode explicitly to keep it)")
+    if act.lr_schedule == "cosine" and run.trainer.total_steps <= act.warmup_steps:
+        raise ConfigError("trainer.total_steps must exceed actor.warmup_steps for the cosine "
+                          "schedule")
     common = dict(total_steps=run.trainer.total_steps, clip_low=a.clip_low,
                   clip_high=a.clip_high, clip_c=a.clip_c, kl_estimator=a.kl_estimator,
                   loss_agg_mode=loss_agg, temperature=run.rollout.temperature)
@@ -395,9 +398,6 @@ def resolve(run: RunConfig) -> Resolved:
                  f"{math.ceil(rows / mini)} mini-batch(es) of {mini} when no group is filtered "
                  f"({rows} trajectories); the lr schedule counts training steps "
                  f"({run.trainer.total_steps})")
-    if act.lr_schedule == "cosine" and run.trainer.total_steps <= act.warmup_steps:
-        raise ConfigError("trainer.total_steps must exceed actor.warmup_steps for the cosine "
-                          "schedule")
     out = Path(run.trainer.output_dir or f"runs/{run.env.name}-{run.preset}")
     notes.append(f"output_dir: {out}")
     rollout = dataclasses.replace(run.rollout, use_turn_scores=use_turn_scores)
@@ -409,8 +409,7 @@ def resolve(run: RunConfig) -> Resolved:
                         mini_batch_size=mini, epochs=act.ppo_epochs,
                         recompute_logprobs=act.recompute_logprobs,
                         gradient_buckets=run.diagnostics.gradient_buckets)
-    return Resolved(run=run, rollout=rollout, step=step, filter=run.filter, output_dir=out,
-                    notes=tuple(notes))
+    return Resolved(run=run, rollout=rollout, step=step, output_dir=out, notes=tuple(notes))
 
 
 def describe(resolved: Resolved) -> str:

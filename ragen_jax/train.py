@@ -49,7 +49,7 @@ from ragen_jax.sharding import make_mesh
 from ragen_jax.starpo import gradient_analysis
 from ragen_jax.starpo.filtering import filter_groups
 from ragen_jax.starpo.rows import build_step_batch
-from ragen_jax.starpo.step import abstract_like, make_update
+from ragen_jax.starpo.step import make_update
 from ragen_jax.train_state import build_actor, build_state, load_tokenizer, trained
 from ragen_jax.viewer import render_html
 
@@ -110,11 +110,13 @@ class Trainer:
 
         scores = dist.allgather(batch.scores).reshape(groups, -1)  # every process's groups
         keep, weights, filter_metrics = filter_groups(
-            scores, self.plan.filter, dist.allgather(batch.loss_mask.sum(1)).reshape(groups, -1))
+            scores, self.run.filter, dist.allgather(batch.loss_mask.sum(1)).reshape(groups, -1))
         metrics |= {k: float(v) for k, v in filter_metrics.items()}
         analyse = diagnose and self.run.diagnostics.gradient_analysis
-        buckets, bucket_std = gradient_analysis.reward_std_buckets(
-            scores, self.run.diagnostics.gradient_buckets)
+        buckets, bucket_std = np.zeros(groups, np.int32), None
+        if analyse:
+            buckets, bucket_std = gradient_analysis.reward_std_buckets(
+                scores, self.run.diagnostics.gradient_buckets)
         rows = build_step_batch(
             batch, np.asarray(keep)[part], np.asarray(weights).reshape(groups, -1)[part].reshape(-1),
             group_offset=part.start, mini_batch_size=self.run.actor.ppo_mini_batch_size,
@@ -206,9 +208,8 @@ class Trainer:
         last = self.store.latest_step()
         if last is None:
             return False
-        like = {"actor": abstract_like(self.state.actor),
-                "state": abstract_like(self.state.replace(actor=None))}
-        items, meta = self.store.restore(last, like)
+        items, meta = self.store.restore(last, {"actor": self.state.actor,
+                                                "state": self.state.replace(actor=None)})
         self.state = items["state"].replace(actor=items["actor"])
         self.streaks = Streaks(**meta["streaks"])
         self.monitor.ema = dict(meta["collapse_ema"])

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, SingleDeviceSharding
 
@@ -28,10 +27,8 @@ from ragen_jax.models import tokenizer as tokenizers
 from ragen_jax.models.lora import add_lora
 from ragen_jax.models.qwen import shard_model
 from ragen_jax.models.weights import load_config as load_model_config
-from ragen_jax.schema import ModelConfig, RunConfig, from_config_dict
+from ragen_jax.schema import DTYPES, ModelConfig, RunConfig, from_config_dict
 from ragen_jax.starpo.step import Networks, StepSettings, TrainState, init_state
-
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 def tiny_config(model: ModelConfig) -> QwenConfig:
@@ -109,7 +106,8 @@ def load_policy(run_dir: str | Path, step: int | None = None, overrides: Any = N
         graphdef, abstract, rest = nnx.split(actor, trained(run.model), ...)
         device = SingleDeviceSharding(jax.devices()[0])
         like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abstract)
-        actor = nnx.merge(graphdef, store.restore_actor(step, like), rest)
+        items, _ = store.restore(step, {"actor": like})
+        actor = nnx.merge(graphdef, items["actor"], rest)
     finally:
         store.close()
     return actor, load_tokenizer(run.model), run, step

@@ -107,3 +107,10 @@ def test_logger_accepts_ragen_style_lists():
     assert from_config_dict(c).trainer.logger == ("console", "wandb")
     c["trainer"]["logger"] = "tensorboard,wandb"
     assert from_config_dict(c).trainer.logger == ("tensorboard", "wandb")
+
+
+def test_cosine_schedule_longer_than_the_run_names_the_user_fields():
+    c = to_config_dict()
+    c.actor.lr_schedule, c.actor.warmup_steps = "cosine", 500
+    with pytest.raises(ConfigError, match=r"^trainer\.total_steps must exceed actor\.warmup_steps"):
+        resolve(from_config_dict(c))

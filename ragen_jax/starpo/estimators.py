@@ -20,15 +20,16 @@ from ragen_jax.starpo import advantages as adv_lib
 
 @dataclasses.dataclass(frozen=True)
 class AdvantageSettings:
-    """The ``config.algorithm`` fields the estimators read."""
+    """The ``config.algorithm`` fields the estimators read (built by ``schema.resolve``,
+    whose dataclasses hold the defaults)."""
 
-    estimator: str = "gae"
-    gamma: float = 1.0
-    lam: float = 1.0
-    norm_adv_by_std: bool = True
-    bi_level_gae: bool = False
-    high_level_gamma: float = 0.95
-    num_groups: int = 1  # groups of the whole (global) batch, for the group estimators
+    estimator: str
+    gamma: float
+    lam: float
+    norm_adv_by_std: bool
+    bi_level_gae: bool
+    high_level_gamma: float
+    num_groups: int  # groups of the whole (global) batch, for the group estimators
 
 
 @flax.struct.dataclass

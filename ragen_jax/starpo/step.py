@@ -94,7 +94,7 @@ class StepSettings:
     mini_batch_size: int
     epochs: int
     recompute_logprobs: bool
-    gradient_buckets: int = 3
+    gradient_buckets: int  # reward-std buckets of the gradient analysis
 
 
 def init_state(settings: StepSettings, actor: Any, critic: Any = None) -> TrainState:
@@ -158,7 +158,7 @@ def make_update(settings: StepSettings, networks: Networks, mesh: Mesh | None = 
                           batch.loss_mask, old_logp, adv, ref_logp)
         if analyse_gradients:
             metrics |= _gradient_norms(s, networks.actor, state.actor, actor_rest, rows,
-                                       batch.bucket_ids)
+                                       batch.bucket_ids, chunk)
         if train_actor:
             lr = learning_rate(s.actor, state.step)
             actor, actor_opt, actor_metrics = mini_batch_epochs(
@@ -212,17 +212,11 @@ def _chunked(fn: Callable[[StepBatch], jax.Array], batch: StepBatch, chunk: int)
 
 
 def _gradient_norms(s: StepSettings, graphdef: Any, actor: Any, rest: Any, rows: TrainBatch,
-                    bucket_ids: jax.Array) -> dict[str, jax.Array]:
-    """``grad_analysis/<name>``: the gradient norm of each actor-loss component by bucket."""
+                    bucket_ids: jax.Array, chunk: int) -> dict[str, jax.Array]:
+    """``grad_analysis/<name>``: the gradient norm of each actor-loss component by bucket,
+    ``chunk`` rows per forward pass."""
     size = rows.input_ids.shape[0]
-    chunk = max(1, s.mini_batch_size // s.actor.micro_batches)
     micro = size // chunk if size % chunk == 0 else 1
     analyse = grad_lib.make_gradient_analysis(graphdef, s.actor, s.gradient_buckets, micro)
     norms = analyse(actor, rest, rows, bucket_ids)
     return {f"grad_analysis/{k}": v for k, v in norms.items()}
-
-
-def abstract_like(tree: Any) -> Any:
-    """``ShapeDtypeStruct`` leaves (with their shardings) of a pytree of arrays."""
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                                       sharding=getattr(x, "sharding", None)), tree)

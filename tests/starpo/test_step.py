@@ -47,9 +47,11 @@ def make_batch(model, seed=0) -> StepBatch:
 def settings(estimator="grpo", critic=False, reference=None, mini=B, recompute=False):
     actor = UpdateConfig(lr=1e-3, micro_batches=2, kl_coef=0.1 if reference else 0.0)
     return StepSettings(actor=actor, critic=UpdateConfig(lr=1e-3, entropy_coeff=0.0) if critic else None,
-                        reference=reference, advantages=AdvantageSettings(estimator=estimator,
-                                                                          num_groups=GROUPS),
-                        mini_batch_size=mini, epochs=1, recompute_logprobs=recompute)
+                        reference=reference, advantages=AdvantageSettings(
+                            estimator=estimator, gamma=1.0, lam=1.0, norm_adv_by_std=True,
+                            bi_level_gae=False, high_level_gamma=0.95, num_groups=GROUPS),
+                        mini_batch_size=mini, epochs=1, recompute_logprobs=recompute,
+                        gradient_buckets=3)
 
 
 def build(s: StepSettings, lora: bool = False):
