@@ -34,7 +34,11 @@ def apply_preset(c: ConfigDict, preset: str) -> None:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
     c.preset = preset
     if preset != "tiny":
+        # bf16 compute on float32 master weights (model.param_dtype's default): AdamW steps of
+        # ~1e-6 round away in bf16 storage. Rematerialising all but the weight matmuls' outputs
+        # fits 16 x 1024 tokens of 0.5B in ~6 GiB per device of 8 (bench_scaling).
         c.model.dtype = "bfloat16"
+        c.model.remat = "dots"
         return
     # A laptop CPU: a random 4-layer width-128 Qwen2 learns the answer format from a short
     # warm-start, then RL. Measured on 2 cores (experiments/learning_curves.py): Adam's
@@ -42,6 +46,9 @@ def apply_preset(c: ConfigDict, preset: str) -> None:
     # optimizer step per 64-episode batch; Dr.GRPO (no std division) because with the
     # bandit's rare payoffs GRPO's std division blows up groups that differ by 0.1 only.
     c.rollout.enable_think = False  # a random model has no reasoning to show
+    # Four layers: the unrolled forward compiles faster on a CPU than the scan
+    # (experiments/bench_update.py) and is the computation the tiny results were measured with.
+    c.model.scan_layers = False
     # A random model cannot read the per-turn format reminder (~35 tokens a turn): drop it,
     # which shortens FrozenLake trajectories by a fifth, ~800 -> ~650 tokens (the system
     # prompt keeps RAGEN's instructions; the env text and the action budget line are unchanged).

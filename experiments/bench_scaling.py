@@ -9,9 +9,10 @@ tokens/s. The host time to place the global batch (``ragen_jax.distributed.globa
 to dispatch the step are reported apart.
 
 Part 2 (compile only, 8 simulated devices, nothing allocated): per-device memory from XLA's
-memory analysis for Qwen2.5-0.5B/1.5B/3B/7B shapes in bf16: the actor train step (AdamW,
-batch over ("data", "fsdp")) and the sampler (prefill + 64 decode steps with the KV cache)
-on a one-host mesh, as each process samples with its local replica.
+memory analysis for Qwen2.5-0.5B/1.5B/3B/7B shapes: the actor train step (AdamW, batch over
+("data", "fsdp")) and the sampler (prefill + 64 decode steps with the KV cache) on a one-host
+mesh, as each process samples with its local replica; for the code of an earlier commit
+(``VARIANTS``: run from a temporary git worktree) and for this checkout's numerics options.
 
     PYTHONPATH=. python experiments/bench_scaling.py [--quick] [--skip-memory]
 
@@ -21,8 +22,11 @@ Writes ``experiments/results/bench_scaling.md``.
 from __future__ import annotations
 
 import argparse
+import ast
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -137,6 +141,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 def config(name):
     kw = dict(param_dtype=jnp.bfloat16, dtype=jnp.bfloat16)
+    kw.update({k: getattr(jnp, v) if k.endswith("dtype") else v for k, v in OPTIONS.items()})
     if name == "1.5b":
         return QwenConfig.tiny(**SHAPES_1_5B, rope_theta=1e6, **kw)
     return model_config(name, **kw)
@@ -162,6 +167,7 @@ for kind, name, mesh_shape, batch, length in CASES:
             data = _batch(batch, length, cfg.vocab_size, batch_sharding(mesh))
             compiled = make_train_step(graphdef, ucfg, opt).lower(params, rest, opt_state, data).compile()
         else:
+            cfg = cfg.replace(param_dtype=cfg.dtype)  # the sampler's copy is in the compute dtype
             graphdef, state = nnx.split(nnx.eval_shape(lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))))
             state = jax.tree.map(lambda v, sh: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sh), state,
                                  param_shardings(state, mesh), is_leaf=lambda x: isinstance(x, nnx.Variable))
@@ -178,7 +184,8 @@ for kind, name, mesh_shape, batch, length in CASES:
                                        sp=SamplingParams(max_new_tokens=new, temperature=1.0),
                                        pad_id=0).compile()
         mem = compiled.memory_analysis()
-        res = dict(args=mem.argument_size_in_bytes, temp=mem.temp_size_in_bytes, out=mem.output_size_in_bytes)
+        res = dict(args=mem.argument_size_in_bytes, temp=mem.temp_size_in_bytes,
+                   out=mem.output_size_in_bytes, alias=mem.alias_size_in_bytes)
     except Exception as e:  # report, do not hide
         res = dict(error=f"{type(e).__name__}: {str(e)[:200]}")
     res.update(kind=kind, name=name, mesh=list(mesh_shape), batch=batch, length=length,
@@ -195,25 +202,61 @@ MEMORY_CASES = [
 ]
 
 
-def run_memory(quick: bool) -> list[str]:
+# The memory variants: (label, git ref or None for this checkout, QwenConfig options).
+# "before" is the commit before float32 master weights, chunked log-probs, scanned layers,
+# remat and donation (its bench code, run from a temporary worktree); the others are now.
+MIXED = dict(param_dtype="float32", dtype="bfloat16")
+VARIANTS = [
+    ("before: bf16 storage, full logits, unrolled, no remat, no donation", "e966477", {}),
+    ("now: f32 master + bf16 compute, remat none", None, MIXED | dict(remat="none")),
+    ("now: f32 master + bf16 compute, remat dots", None, MIXED | dict(remat="dots")),
+    ("now: f32 master + bf16 compute, remat full", None, MIXED | dict(remat="full")),
+]
+
+
+def _memory_code(ref: str | None) -> tuple[str, Path | None]:
+    """The ``_MEMORY`` child program of this checkout, or of commit ``ref`` (then run against
+    a temporary worktree of it, whose path is returned to be removed)."""
+    if ref is None:
+        return _MEMORY, None
+    tree = Path(tempfile.mkdtemp(prefix="bench_scaling_")) / "tree"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), ref],
+                   check=True, capture_output=True)
+    source = (tree / "experiments" / "bench_scaling.py").read_text()
+    node = next(n for n in ast.parse(source).body if isinstance(n, ast.Assign)
+                and getattr(n.targets[0], "id", "") == "_MEMORY")
+    return ast.literal_eval(node.value), tree
+
+
+def run_memory(quick: bool, variants=VARIANTS) -> list[str]:
     cases = MEMORY_CASES[:2] if quick else MEMORY_CASES
-    code = f"ROOT = {str(ROOT)!r}\nCASES = {cases!r}\n" + _MEMORY
-    results, error = subprocess_results(code, timeout=3000, env={
-        **os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"})
-    rows = ["| what | model (bf16) | mesh (data, fsdp, tensor) | global batch x length | "
+    rows = ["| variant | what | model | mesh (data, fsdp, tensor) | global batch x length | "
             "per-device arguments GiB | per-device temp GiB | per-device total GiB | compile s |",
-            "|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        head = f"| {r['kind']} | {r['name']} | {tuple(r['mesh'])} | {r['batch']} x {r['length']} |"
-        if "error" in r:
-            rows.append(f"{head} {r['error']} | | | |")
-        else:
-            total = r["args"] + r["temp"]
-            rows.append(f"{head} {r['args'] / GiB:.2f} | {r['temp'] / GiB:.2f} | {total / GiB:.2f} | "
-                        f"{r['compile_s']:.0f} |")
-        print(rows[-1], flush=True)
-    if error:
-        rows.append("\n" + error)
+            "|---|---|---|---|---|---|---|---|---|"]
+    for label, ref, options in variants:
+        program, tree = _memory_code(ref)
+        root = tree or ROOT
+        code = f"ROOT = {str(root)!r}\nCASES = {cases!r}\nOPTIONS = {options!r}\n" + program
+        try:
+            results, error = subprocess_results(code, timeout=3000, env={
+                **os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+                "JAX_PLATFORMS": "cpu"})
+        finally:
+            if tree is not None:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                               capture_output=True)
+        for r in results:
+            head = (f"| {label} | {r['kind']} | {r['name']} | {tuple(r['mesh'])} | "
+                    f"{r['batch']} x {r['length']} |")
+            if "error" in r:
+                rows.append(f"{head} {r['error']} | | | |")
+            else:  # outputs that reuse donated arguments are not counted twice
+                total = r["args"] + r["temp"] + r["out"] - r.get("alias", 0)
+                rows.append(f"{head} {r['args'] / GiB:.2f} | {r['temp'] / GiB:.2f} | "
+                            f"{total / GiB:.2f} | {r['compile_s']:.0f} |")
+            print(rows[-1], flush=True)
+        if error:
+            rows.append(f"\n{label}: {error}\n")
     return rows
 
 
@@ -233,11 +276,13 @@ def main() -> None:
     if not args.skip_memory:
         lines += ["", "## Per-device memory, compile only (8 simulated devices = one host)", "",
                   "XLA:CPU's memory analysis of the compiled programs: arguments (parameters, AdamW "
-                  "state and batch for train; parameters and KV cache for sample) and temporaries. "
-                  "Train: bf16 parameters with AdamW moments in the parameter dtype (optax's "
-                  "default), one micro-batch, no rematerialization; sample: prefill of "
-                  "1024 tokens + 64 decode steps. XLA:CPU does not rematerialize like XLA:TPU/GPU "
-                  "do; treat temp as an upper bound.", ""]
+                  "state and batch for train; parameters and KV cache for sample), temporaries, and "
+                  "total = arguments + temporaries + outputs not aliased to donated arguments. Train: "
+                  "one micro-batch. \"before\": commit e966477 (bf16 storage and moments, "
+                  "full-vocabulary logits, unrolled layers, no donation); \"now\": float32 master "
+                  "weights and moments, bf16 compute, chunked token scoring, scanned layers, "
+                  "donation, by `model.remat`. Sample: bf16 weights, prefill of 1024 tokens + 64 "
+                  "decode steps.", ""]
         lines += run_memory(args.quick)
     out = ROOT / "experiments/results/bench_scaling.md"
     out.write_text("\n".join(lines) + "\n")

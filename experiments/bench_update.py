@@ -71,6 +71,7 @@ def _batch(batch: int, length: int, vocab: int, sharding=None):
 
 def run_throughput(quick: bool) -> list[str]:
     import jax
+    import jax.numpy as jnp
     from flax import nnx
 
     from ragen_jax.models import Qwen2ForCausalLM
@@ -95,10 +96,12 @@ def run_throughput(quick: bool) -> list[str]:
             compiled = step.lower(params, rest, opt_state, data).compile()
             compile_s = time.perf_counter() - start
             mem = compiled.memory_analysis()
-            out = compiled(params, rest, opt_state, data)
-            jax.block_until_ready(out)
+            lr = jnp.float32(ucfg.lr)
+            params, opt_state, _ = compiled(params, rest, opt_state, data, lr)  # donated: rebind
+            jax.block_until_ready(params)
             start = time.perf_counter()
-            jax.block_until_ready(compiled(params, rest, opt_state, data))
+            params, opt_state, _ = compiled(params, rest, opt_state, data, lr)
+            jax.block_until_ready(params)
             step_s = time.perf_counter() - start
             rows.append(f"| {name} | {batch} x {length} | {batch * length / step_s:,.0f} | {step_s:.2f} | "
                         f"{compile_s:.1f} | {mem.temp_size_in_bytes / GiB:.2f} | "
@@ -147,6 +150,154 @@ for name, mesh_shape, batch, length in CASES:
 """
 
 
+_STEP = r"""
+import json, sys, time
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+sys.path.insert(0, ROOT)
+from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
+from ragen_jax.starpo.update import TrainBatch, UpdateConfig, make_optimizer, make_train_step
+
+def roofline(n=2048, repeats=5):
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    f = jax.jit(lambda x, y: x @ y)
+    jax.block_until_ready(f(a, a))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(a, a))
+        times.append(time.perf_counter() - t0)
+    return 2 * n ** 3 / min(times) / 1e9
+
+def batch_of(b, t, vocab):
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(rng.integers(0, vocab, (b, t)), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    mask = jnp.asarray(np.arange(t)[None] >= t // 2, jnp.float32) * jnp.ones((b, 1))
+    adv = jnp.asarray(rng.normal(size=(b, 1)), jnp.float32) * mask
+    return TrainBatch(ids, jnp.ones((b, t), bool), pos, mask, -jnp.ones((b, t)), adv, -jnp.ones((b, t)))
+
+for kind, layers, b, t, options in CASES:
+    cfg = QwenConfig.qwen2_5_0_5b(**({"num_hidden_layers": layers} if layers else {}), **options)
+    ucfg = UpdateConfig(lr=1e-6)
+    opt = make_optimizer(ucfg)
+    res = dict(kind=kind, layers=cfg.num_hidden_layers, batch=b, length=t, options=options)
+    try:
+        if kind == "compile":
+            abstract = nnx.eval_shape(lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)))
+            graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
+            opt_state = jax.eval_shape(opt.init, params)
+            data = jax.eval_shape(lambda: batch_of(b, t, cfg.vocab_size))
+            t0 = time.perf_counter()
+            make_train_step(graphdef, ucfg, opt).lower(params, rest, opt_state, data).compile()
+            res["compile_s"] = time.perf_counter() - t0
+        else:
+            res["roofline_gflops"] = roofline()
+            graphdef, params, rest = nnx.split(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
+            opt_state = opt.init(params)
+            data = batch_of(b, t, cfg.vocab_size)
+            step = make_train_step(graphdef, ucfg, opt)
+            t0 = time.perf_counter()
+            compiled = step.lower(params, rest, opt_state, data).compile()
+            res["compile_s"] = time.perf_counter() - t0
+            res["temp"] = compiled.memory_analysis().temp_size_in_bytes
+            times = []
+            for _ in range(REPEATS):
+                t0 = time.perf_counter()
+                params, opt_state, m = compiled(params, rest, opt_state, data, jnp.float32(1e-6))
+                jax.block_until_ready(params)
+                times.append(time.perf_counter() - t0)
+            res["step_s"] = float(np.median(times))
+            res["loss"] = float(m["actor/pg_loss"])
+    except Exception as e:  # report, do not hide
+        res["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    print("RESULT " + json.dumps(res), flush=True)
+"""
+
+
+def train_flops(cfg, tokens: int, length: int) -> float:
+    """Model FLOPs of a train step (forward + backward = 3 x forward; rematerialisation not
+    counted), as in PaLM's MFU: 6 x (layer weights + the output head) per token plus the
+    attention products, 12 x layers x heads x head_dim x length per token."""
+    c = cfg
+    per_layer = (c.hidden_size * c.num_attention_heads * c.head_dim * 2
+                 + 2 * c.hidden_size * c.num_key_value_heads * c.head_dim
+                 + 3 * c.hidden_size * c.intermediate_size)
+    weights = c.num_hidden_layers * per_layer + c.hidden_size * c.vocab_size
+    attention = 12 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * length
+    return tokens * (6 * weights + attention)
+
+
+def _checkout(ref: str | None) -> tuple[Path, Path | None]:
+    """This checkout, or a temporary git worktree of ``ref`` (returned also to be removed)."""
+    if ref is None:
+        return ROOT, None
+    import tempfile
+
+    tree = Path(tempfile.mkdtemp(prefix="bench_update_")) / "tree"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), ref],
+                   check=True, capture_output=True)
+    return tree, tree
+
+
+def run_roofline(quick: bool, before: str = "e966477") -> list[str]:
+    """The 0.5B-shaped float32 train step against this CPU's float32 matmul roofline, this
+    checkout against commit ``before``, and the step's compile time against depth."""
+    from ragen_jax.models import QwenConfig
+
+    cells = [(1, 256)] if quick else [(1, 256), (2, 256)]  # 2 x 512 ran out of 24 GiB here
+    rows = ["| code | batch x length | step s | tokens/s | model GFLOP/s | matmul roofline GFLOP/s | "
+            "% of roofline | compile s | XLA temp GiB |", "|---|---|---|---|---|---|---|---|---|"]
+    for label, ref in (("before (" + before + ")", before), ("now", None)):
+        root, tree = _checkout(ref)
+        cases = [("run", 0, b, t, {}) for b, t in cells]
+        code = f"ROOT = {str(root)!r}\nCASES = {cases!r}\nREPEATS = {2 if quick else 3}\n" + _STEP
+        try:
+            results, error = subprocess_results(code, {**os.environ, "XLA_FLAGS": ""}, timeout=3000)
+        finally:
+            if tree is not None:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                               capture_output=True)
+        for r in results:
+            head = f"| {label} | {r['batch']} x {r['length']} |"
+            if "error" in r:
+                rows.append(f"{head} {r['error']} | | | | | | |")
+                continue
+            tokens = r["batch"] * r["length"]
+            gflops = train_flops(QwenConfig.qwen2_5_0_5b(), tokens, r["length"]) / r["step_s"] / 1e9
+            rows.append(f"{head} {r['step_s']:.2f} | {tokens / r['step_s']:,.0f} | {gflops:.1f} | "
+                        f"{r['roofline_gflops']:.1f} | {100 * gflops / r['roofline_gflops']:.0f}% | "
+                        f"{r['compile_s']:.1f} | {r['temp'] / GiB:.2f} |")
+            print(rows[-1], flush=True)
+        if error:
+            rows.append(f"\n{label}: {error}\n")
+    return rows
+
+
+def run_compile_depth(quick: bool) -> list[str]:
+    """Compile time of the 0.5B-width train step at several depths, scanned and unrolled."""
+    rows = ["", "Compile time of the 0.5B-width train step (batch 1 x 256, compile only) against "
+             "depth:", "", "| layers | scanned s | unrolled s | scanned / 4-layer scanned | "
+             "unrolled / 4-layer unrolled |", "|---|---|---|---|---|"]
+    depths = [4, 28] if quick else [4, 24, 28]
+    cases = [("compile", n, 1, 256, {"scan_layers": scan}) for n in depths for scan in (True, False)]
+    code = f"ROOT = {str(ROOT)!r}\nCASES = {cases!r}\nREPEATS = 1\n" + _STEP
+    results, error = subprocess_results(code, {**os.environ, "XLA_FLAGS": ""}, timeout=3000)
+    nan = float("nan")
+    by = {(r["layers"], r["options"]["scan_layers"]): r.get("compile_s", nan) for r in results}
+    for n in depths:
+        scanned, unrolled = by.get((n, True), nan), by.get((n, False), nan)
+        rows.append(f"| {n} | {scanned:.1f} | {unrolled:.1f} | "
+                    f"{scanned / by.get((depths[0], True), nan):.2f} | "
+                    f"{unrolled / by.get((depths[0], False), nan):.2f} |")
+        print(rows[-1], flush=True)
+    if error:
+        rows.append("\n" + error)
+    return rows
+
+
 def subprocess_results(code: str, env: dict[str, str], timeout: float) -> tuple[list[dict], str | None]:
     """Runs ``code`` in a fresh Python (its own ``XLA_FLAGS``/device count) and returns the
     JSON of its ``RESULT {...}`` stdout lines, plus a one-line note of its exit status and
@@ -186,12 +337,20 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip-pod", action="store_true")
     ap.add_argument("--skip-throughput", action="store_true")
+    ap.add_argument("--skip-roofline", action="store_true")
     args = ap.parse_args()
     import jax
 
     lines = [f"# bench_update (jax {jax.__version__}, {os.cpu_count()} CPU cores)", "",
              "## Actor train step on this CPU (float32, AdamW, one micro-batch)", ""]
     lines += ["(skipped)"] if args.skip_throughput else run_throughput(args.quick)
+    if not args.skip_roofline:
+        lines += ["", "## The 0.5B-shaped step against the float32 matmul roofline, before and now", "",
+                  "Model FLOPs (PaLM's MFU count: 6 x weights per token + attention; "
+                  "rematerialisation not counted) per second of a float32 train step (AdamW, one "
+                  "micro-batch, remat none), against the best of five float32 2048^3 matmuls "
+                  "measured in the same process. Each code version runs in its own process.", ""]
+        lines += run_roofline(args.quick) + run_compile_depth(args.quick)
     if not args.skip_pod:
         lines += ["", "## Compile-only memory per device on simulated meshes (bf16 params and compute)", "",
                   "Per-device bytes of the compiled step's arguments (parameters, AdamW state, batch) "

@@ -34,7 +34,7 @@ import jax
 from ml_collections import ConfigDict
 
 from ragen_jax.config import load_config, load_run_config
-from ragen_jax.models import CheckpointError
+from ragen_jax.models import CheckpointError, compute_copy
 from ragen_jax.rollout.agent import AgentRollout, RolloutBatch, val_seeds
 from ragen_jax.rollout.sampler import Sampler
 from ragen_jax.schema import from_config_dict, resolve, to_config_dict
@@ -57,7 +57,7 @@ def evaluate(config: ConfigDict, out: str | Path, *, checkpoint: str | None = No
     cfg = resolve(run).rollout
     tag, (env, env_params) = next(iter(build_envs(run).items()))
     rollout = AgentRollout(env, env_params, tok, cfg, tag=tag)
-    sampler = Sampler(model, pad_id=tok.pad_token_id or 0, bucket_multiple=cfg.pad_multiple)
+    sampler = Sampler(compute_copy(model), pad_id=tok.pad_token_id or 0, bucket_multiple=cfg.pad_multiple)
     t0 = time.perf_counter()
     batch = rollout.collect(sampler, val_seeds(cfg), jax.random.key(run.seed),
                             group_size=cfg.val_group_size, sampling=cfg.val_sampling())

@@ -8,6 +8,10 @@ moved ``--config.model.path``) and the actor of its orbax checkpoint (the last o
 base weights, and writes ``config.json``, ``model.safetensors`` and the tokenizer (with its
 chat template), which ``transformers.AutoModelForCausalLM`` / ``AutoTokenizer`` and vLLM load
 directly.
+
+The weights are written in ``--dtype`` (float32 | bfloat16); by default in the dtype the
+run's starting folder declares (bfloat16 for Qwen2.5), or the run's ``model.param_dtype``
+for the tiny model — a run trains float32 master weights either way.
 """
 
 from __future__ import annotations
@@ -23,17 +27,24 @@ from ml_collections import ConfigDict
 from ragen_jax.config import load_config, load_run_config
 from ragen_jax.models import CheckpointError, save_pretrained
 from ragen_jax.models.lora import merge_lora
+from ragen_jax.models.weights import folder_dtype
+from ragen_jax.schema import DTYPES
 from ragen_jax.train_state import load_policy
 
 
 def export(run_dir: str | Path, out: str | Path, step: int | None = None,
-           config: ConfigDict | None = None) -> Path:
-    """Writes the Hugging Face folder of the run's checkpoint; returns its path."""
+           config: ConfigDict | None = None, dtype: str | None = None) -> Path:
+    """Writes the Hugging Face folder of the run's checkpoint (weights in ``dtype``, default
+    as in the module docstring); returns its path."""
     actor, tok, run, step = load_policy(run_dir, step, config)
     if run.model.lora_rank:
         merge_lora(actor)
+    if dtype is None:
+        dtype = (folder_dtype(run.model.path) if run.model.path else None) or run.model.param_dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {tuple(DTYPES)}, got {dtype!r}")
     out = Path(out)
-    save_pretrained(actor, out)
+    save_pretrained(actor, out, dtype=DTYPES[dtype])
     tok.save_pretrained(str(out))
     (out / "ragen_jax_export.json").write_text(json.dumps({"run": str(run_dir), "step": step}) + "\n")
     return out
@@ -45,10 +56,12 @@ def main(argv: Sequence[str] | None = None) -> Path:
     p.add_argument("--checkpoint", required=True, help="run folder (holds config.json, checkpoints/)")
     p.add_argument("--out", required=True, help="Hugging Face folder to write")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: last)")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default=None,
+                   help="weights' dtype (default: the starting folder's, else model.param_dtype)")
     args, rest = p.parse_known_args(argv)
     try:
         config = load_config(rest, prog="ragen_jax.export", base=load_run_config(args.checkpoint))
-        out = export(args.checkpoint, args.out, args.step, config)
+        out = export(args.checkpoint, args.out, args.step, config, args.dtype)
     except (CheckpointError, FileNotFoundError, ValueError) as e:
         raise SystemExit(f"ragen_jax.export: {e}") from None
     print(f"wrote {out}")

@@ -25,6 +25,7 @@ from typing import Any
 import jax.numpy as jnp
 from ml_collections import ConfigDict
 
+from ragen_jax.models.qwen import REMAT_POLICIES
 from ragen_jax.rollout.agent import RolloutConfig
 from ragen_jax.starpo.estimators import ESTIMATORS, NEEDS_CRITIC, AdvantageSettings
 from ragen_jax.starpo.filtering import FilterConfig
@@ -53,7 +54,10 @@ def _at_least(section: str, obj: Any, names: tuple[str, ...], low: int) -> None:
 @frozen
 class ModelConfig:
     path: str = ""  # local Hugging Face Qwen2/Qwen2.5 folder; "" = the tiny random model
-    dtype: str = "float32"  # parameter and compute dtype: float32 | bfloat16
+    dtype: str = "float32"  # compute dtype of activations, matmuls and sampling: float32 | bfloat16
+    param_dtype: str = "float32"  # storage dtype of the trained weights and optimizer state (keep float32: bf16 AdamW updates round away)
+    remat: str = "none"  # what a layer keeps for the backward pass: none | full | dots (weight-matmul outputs)
+    scan_layers: bool = True  # training forward runs the layers as one lax.scan (compile time flat in depth)
     hidden_size: int = 128  # tiny random model only: width
     num_hidden_layers: int = 4  # tiny random model only: depth
     intermediate_size: int = 384  # tiny random model only: MLP width
@@ -64,6 +68,8 @@ class ModelConfig:
 
     def __post_init__(self):
         _choice("model.dtype", self.dtype, tuple(DTYPES))
+        _choice("model.param_dtype", self.param_dtype, tuple(DTYPES))
+        _choice("model.remat", self.remat, tuple(REMAT_POLICIES))
         _at_least("model", self, ("hidden_size", "num_hidden_layers", "intermediate_size",
                                   "num_attention_heads", "num_key_value_heads"), 1)
         _at_least("model", self, ("lora_rank",), 0)

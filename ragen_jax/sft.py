@@ -27,7 +27,7 @@ from flax import nnx
 from ragen_jax.rollout.agent import AgentRollout, RolloutConfig, row_state
 from ragen_jax.rollout.context import ChatFormat, ContextConfig
 from ragen_jax.rollout.scripted import RandomActionPolicy
-from ragen_jax.starpo.update import token_logprobs
+from ragen_jax.starpo.token_scores import token_logprobs
 
 
 def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutConfig,
@@ -115,8 +115,9 @@ def conversation_data(path: str | os.PathLike, tokenizer: Any, *, max_len: int,
 
 def sft_loss(model: Any, batch: dict[str, jax.Array]) -> jax.Array:
     """Mean negative log-likelihood of the ``loss_mask`` tokens."""
-    logp, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["position_ids"])
     mask = batch["loss_mask"].astype(jnp.float32)
+    logp, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"],
+                             batch["position_ids"], loss_mask=mask)
     return -jnp.sum(logp * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 

@@ -35,6 +35,7 @@ from ragen_jax.collapse_monitor import CollapseMonitor
 from ragen_jax.early_stopping import Streaks, early_stop_reason
 from ragen_jax.envs import make
 from ragen_jax.metrics import MetricsLogger, make_sinks
+from ragen_jax.models import compute_copy
 from ragen_jax.rollout.agent import AgentRollout, RolloutBatch, train_seeds, val_seeds
 from ragen_jax.rollout.sampler import Sampler
 from ragen_jax.schema import (
@@ -75,9 +76,10 @@ class Trainer:
         self.rollouts = {tag: AgentRollout(env, params, self.tokenizer, self.plan.rollout, tag=tag)
                          for tag, (env, params) in build_envs(run).items()}
         self.tag = next(iter(self.rollouts))
-        # Rollouts are process-local: each process samples its share with a local replica.
+        # Rollouts are process-local: each process samples its share with a local replica,
+        # stored in the compute dtype (the actor holds the float32 master weights).
         self.local_mesh = dist.local_mesh(self.mesh)
-        self.policy = dist.local_replica(self.actor, self.mesh, self.local_mesh)
+        self.policy = dist.local_replica(compute_copy(self.actor), self.mesh, self.local_mesh)
         self.sampler = Sampler(self.policy, pad_id=self.tokenizer.pad_token_id or 0,
                                bucket_multiple=run.rollout.pad_multiple)
         self._init_state()
@@ -140,7 +142,7 @@ class Trainer:
     def _refresh_policy(self) -> None:
         """The sampler's copy of the actor follows the trained variables."""
         nnx.update(self.actor, self.state.actor)
-        self.policy = dist.local_replica(self.actor, self.mesh, self.local_mesh)
+        self.policy = dist.local_replica(compute_copy(self.actor), self.mesh, self.local_mesh)
         self.sampler.update(self.policy)
 
     def _key(self, *path: int) -> jax.Array:

@@ -31,27 +31,33 @@ from ragen_jax.schema import DTYPES, ModelConfig, RunConfig, from_config_dict
 from ragen_jax.starpo.step import Networks, StepSettings, TrainState, init_state
 
 
+def _numerics(model: ModelConfig) -> dict[str, Any]:
+    """The ``QwenConfig`` fields the run config decides (dtypes, remat, scan)."""
+    return dict(dtype=DTYPES[model.dtype], param_dtype=DTYPES[model.param_dtype],
+                remat=model.remat, scan_layers=model.scan_layers)
+
+
 def tiny_config(model: ModelConfig) -> QwenConfig:
     """The architecture of the tiny random model (``model.path == ""``)."""
-    dtype = DTYPES[model.dtype]
     return QwenConfig.tiny(hidden_size=model.hidden_size, num_hidden_layers=model.num_hidden_layers,
                            intermediate_size=model.intermediate_size,
                            num_attention_heads=model.num_attention_heads,
                            num_key_value_heads=model.num_key_value_heads,
                            head_dim=model.hidden_size // model.num_attention_heads,
-                           param_dtype=dtype, dtype=dtype)
+                           **_numerics(model))
 
 
 def build_actor(model: ModelConfig, seed: int, mesh: Mesh | None = None, *,
                 abstract: bool = False) -> Qwen2ForCausalLM:
-    """The policy network (see the module docstring). ``abstract``: shapes only, no weights
-    read or initialised, unless LoRA needs the real base weights."""
-    dtype = DTYPES[model.dtype]
+    """The policy network (see the module docstring), its weights stored in
+    ``model.param_dtype`` (the trainer's master copy; sample with ``compute_copy``).
+    ``abstract``: shapes only, no weights read or initialised, unless LoRA needs the real
+    base weights."""
     abstract = abstract and not model.lora_rank
     if model.path and not abstract:
-        actor = from_pretrained(model.path, dtype=dtype, mesh=mesh)
+        actor = from_pretrained(model.path, mesh=mesh, **_numerics(model))
     else:
-        config = load_model_config(model.path, dtype=dtype) if model.path else tiny_config(model)
+        config = load_model_config(model.path, **_numerics(model)) if model.path else tiny_config(model)
         def make() -> Qwen2ForCausalLM:
             return Qwen2ForCausalLM(config, rngs=nnx.Rngs(seed))
 

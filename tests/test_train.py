@@ -303,6 +303,21 @@ def test_export_restores_the_actor_without_envs_or_optimizers(env, reference_run
     for a, b in zip(jax.tree.leaves(nnx.state(actor, nnx.Param)),
                     jax.tree.leaves(nnx.state(exported, nnx.Param)), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    if env == "bandit":  # --dtype: the weights cast, and config.json saying so to any reader
+        import json
+
+        import jax.numpy as jnp
+
+        out16 = export_main(["--checkpoint", str(run_dir), "--out", str(tmp_path / "hf16"),
+                             "--dtype", "bfloat16"])
+        hf = json.loads((out16 / "config.json").read_text())
+        assert hf["torch_dtype"] == hf["dtype"] == "bfloat16"
+        assert json.loads((out / "config.json").read_text())["torch_dtype"] == "float32"
+        exported16 = from_pretrained(out16, dtype=jnp.bfloat16)
+        for a, b in zip(jax.tree.leaves(nnx.state(actor, nnx.Param)),
+                        jax.tree.leaves(nnx.state(exported16, nnx.Param)), strict=True):
+            assert b.dtype == jnp.bfloat16
+            np.testing.assert_array_equal(np.asarray(a.astype(jnp.bfloat16)), np.asarray(b))
 
 
 def test_export_of_a_missing_run_is_one_line(tmp_path):

@@ -5,6 +5,7 @@ from ragen_jax.models.qwen import (
     Qwen2ForCausalLM,
     Qwen2ForValue,
     QwenConfig,
+    compute_copy,
     positions_from_mask,
     shard_model,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "Qwen2ForCausalLM",
     "Qwen2ForValue",
     "QwenConfig",
+    "compute_copy",
     "from_pretrained",
     "load_config",
     "positions_from_mask",

@@ -41,6 +41,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
+# What a decoder layer saves for the backward pass under each ``QwenConfig.remat``; None: no
+# rematerialisation at all.
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
 # ----------------------------------------------------------------------------------------------
 # Config
 # ----------------------------------------------------------------------------------------------
@@ -76,6 +85,13 @@ class QwenConfig:
     # 2 cores). None: 4 MiB on CPU, the whole batch on accelerators; 0: never block. Calls
     # without a cache (training) never block: under autodiff the blocks cost 5-16% on CPU.
     attention_block_bytes: int | None = None
+    # Not checkpoint fields either; they shape calls without a cache (training, scoring).
+    # scan_layers: run the layers as one `lax.scan` over their stacked weights, so compile
+    # time does not grow with depth. remat: what a layer keeps for the backward pass
+    # (REMAT_POLICIES): "none" everything, "full" only its input, "dots" also the outputs of
+    # its weight matmuls (the attention's batched products are recomputed).
+    scan_layers: bool = True
+    remat: str = "none"
 
     def __post_init__(self):
         if self.head_dim is None:
@@ -87,6 +103,8 @@ class QwenConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"remat must be one of {tuple(REMAT_POLICIES)}, got {self.remat!r}")
 
     def replace(self, **kw) -> QwenConfig:
         return dataclasses.replace(self, **kw)
@@ -94,12 +112,14 @@ class QwenConfig:
     # -- Hugging Face config.json ---------------------------------------------------------------
 
     @classmethod
-    def from_hf_dict(cls, d: dict, *, dtype=jnp.float32) -> QwenConfig:
+    def from_hf_dict(cls, d: dict, *, dtype=jnp.float32, param_dtype=None, **options) -> QwenConfig:
         """Builds a config from the dict of a Hugging Face Qwen2 ``config.json``.
 
         Reads ``rope_theta`` from the top level (hub folders) or from the ``rope_parameters``
         dict that transformers 5 writes. Raises ``ValueError`` for features this port does not
-        implement (sliding-window attention, rope scaling).
+        implement (sliding-window attention, rope scaling). ``dtype`` is the compute dtype,
+        ``param_dtype`` the storage dtype (default: ``dtype``); ``options`` sets the fields
+        that are not in the checkpoint (``remat``, ``scan_layers``, ...).
         """
         rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
@@ -126,8 +146,9 @@ class QwenConfig:
             initializer_range=d.get("initializer_range", 0.02),
             bos_token_id=d.get("bos_token_id"),
             eos_token_id=eos,
-            param_dtype=dtype,
+            param_dtype=dtype if param_dtype is None else param_dtype,
             dtype=dtype,
+            **options,
         )
 
     def to_hf_dict(self) -> dict:
@@ -157,6 +178,7 @@ class QwenConfig:
             "bos_token_id": self.bos_token_id,
             "eos_token_id": self.eos_token_id,
             "dtype": jnp.dtype(self.param_dtype).name,
+            "torch_dtype": jnp.dtype(self.param_dtype).name,  # the name older readers use
         }
 
     # -- presets ---------------------------------------------------------------------------------
@@ -341,8 +363,8 @@ class Embedding(nnx.Module):
     def __call__(self, tokens):  # [B, T] -> [B, T, E]
         return jnp.take(self.weight[...], tokens, axis=0).astype(self.dtype)
 
-    def attend(self, x):  # [B, T, E] -> [B, T, V]
-        return jnp.einsum("bte,ve->btv", x, self.weight[...].astype(self.dtype))
+    def attend(self, x):  # [..., E] -> [..., V]
+        return jnp.einsum("...e,ve->...v", x.astype(self.dtype), self.weight[...].astype(self.dtype))
 
 
 class RMSNorm(nnx.Module):
@@ -505,7 +527,9 @@ class Qwen2DecoderLayer(nnx.Module):
 
 
 class Qwen2Model(nnx.Module):
-    """Embedding, decoder layers (a Python loop, unrolled under jit) and the final norm."""
+    """Embedding, decoder layers and the final norm. The layers are stored one module each
+    (Hugging Face names and layout, a per-layer KV cache); calls with a cache run them as a
+    Python loop (unrolled under jit), calls without one by ``_layers_no_cache``."""
 
     def __init__(self, config: QwenConfig, *, rngs: nnx.Rngs):
         self.config = config
@@ -531,6 +555,39 @@ class Qwen2Model(nnx.Module):
         if x.shape[0] % self._batch_shards():  # e.g. a sampler batch of 1 on 8 devices: leave it to XLA
             return x
         return jax.lax.with_sharding_constraint(x, self.activation_sharding)
+
+    def _layers_no_cache(self, x, positions, attn_mask):
+        """All layers on ``x [B, T, E]`` without a cache (training, scoring), each under the
+        ``config.remat`` policy. With ``config.scan_layers`` the layers' variables are
+        stacked on a leading layer axis, already cast to the compute dtype (the cast every
+        layer applies anyway, so the result is the same), and run by one ``lax.scan``; the
+        stored parameters keep their per-layer Hugging Face names, and gradients flow back
+        through the stack to them."""
+        graphdef = nnx.graphdef(self.layers[0])
+        policy = REMAT_POLICIES[self.config.remat]
+
+        def run(x, layer_state):
+            x, _ = nnx.merge(graphdef, layer_state)(x, positions, attn_mask)
+            return self._constrain(x)
+
+        if self.config.remat != "none":
+            run = jax.checkpoint(run, policy=policy)
+        states = [nnx.state(layer) for layer in self.layers]
+        if not self.config.scan_layers or any(nnx.graphdef(layer) != graphdef
+                                              for layer in self.layers[1:]):
+            for state in states:
+                x = run(x, state)
+            return x
+        dtype = self.config.dtype
+
+        def stack(*leaves):  # one [L, ...] array per variable, floats in the compute dtype
+            if jnp.issubdtype(leaves[0].dtype, jnp.floating):
+                leaves = [leaf.astype(dtype) for leaf in leaves]
+            return jnp.stack(leaves)
+
+        stacked = jax.tree.map(stack, *states)
+        x, _ = jax.lax.scan(lambda x, state: (run(x, state), None), x, stacked)
+        return x
 
     def __call__(self, tokens: jax.Array, positions: jax.Array,
                  attention_mask: jax.Array | None = None, cache: KVCache | None = None,
@@ -561,6 +618,9 @@ class Qwen2Model(nnx.Module):
             blocks = attention_blocks(self.config, b, t, cache.size, shards)
             last_blocks = blocks if rows is None else attention_blocks(
                 self.config, b, 1, cache.size, shards)
+        if cache is None and rows is None:
+            return self.norm(self._layers_no_cache(x, positions, attn_mask)), None
+
         new_kv = []
         for i, (layer, layer_cache) in enumerate(zip(self.layers, kv, strict=True)):
             last = i == len(self.layers) - 1
@@ -622,11 +682,17 @@ class Qwen2ForCausalLM(nnx.Module):
         """
         # [B, T, E], or [B, 1, E] with logits_at
         x, new_cache = self.model(tokens, positions, attention_mask, cache, logits_at)
+        return self.logits(x), new_cache
+
+    def logits(self, x: jax.Array) -> jax.Array:
+        """The output head on final hidden states: [..., E] -> [..., V] float32. With
+        ``self.model(...)`` it splits ``__call__`` in two, so a caller can compute the
+        vocabulary projection on chunks of the hidden states (``starpo.token_scores``)."""
         if self.lm_head is None:
             logits = self.model.embed_tokens.attend(x)
         else:
             logits = self.lm_head(x)
-        return logits.astype(jnp.float32), new_cache
+        return logits.astype(jnp.float32)
 
 
 class Qwen2ForValue(nnx.Module):
@@ -683,6 +749,22 @@ def param_shardings(state, mesh: Mesh):
         return NamedSharding(mesh, fit_spec(spec, var.shape, mesh))
 
     return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def compute_copy(model: nnx.Module) -> nnx.Module:
+    """``model`` with its floating-point variables stored in the compute dtype
+    (``config.dtype``), as a new module sharing nothing mutable; ``model`` itself when the
+    two dtypes agree. The sampler runs on this copy: decoding is bound by reading the
+    weights, so float32 master weights cast on every step would read twice the bytes."""
+    dtype = model.config.dtype
+    if jnp.dtype(model.config.param_dtype) == jnp.dtype(dtype):
+        return model
+    graphdef, state = nnx.split(model)
+    state = jax.tree.map(
+        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
+    copy = nnx.merge(graphdef, state)
+    copy.config = copy.model.config = model.config.replace(param_dtype=dtype)
+    return copy
 
 
 def shard_model(model: Qwen2ForCausalLM, mesh: Mesh) -> Qwen2ForCausalLM:

@@ -35,8 +35,10 @@ def _path_key(path) -> str:
     return ".".join(str(p) for p in path)
 
 
-def load_config(path: str | os.PathLike, *, dtype=jnp.float32) -> QwenConfig:
-    """Reads ``config.json`` of a Qwen2 folder into a ``QwenConfig``."""
+def load_config(path: str | os.PathLike, *, dtype=jnp.float32, param_dtype=None,
+                **options) -> QwenConfig:
+    """Reads ``config.json`` of a Qwen2 folder into a ``QwenConfig`` (``dtype``, ``param_dtype``
+    and ``options`` as in ``QwenConfig.from_hf_dict``)."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"model folder not found: {path}")
@@ -55,7 +57,7 @@ def load_config(path: str | os.PathLike, *, dtype=jnp.float32) -> QwenConfig:
             "but only Qwen2ForCausalLM (model_type 'qwen2') is supported"
         )
     try:
-        return QwenConfig.from_hf_dict(d, dtype=dtype)
+        return QwenConfig.from_hf_dict(d, dtype=dtype, param_dtype=param_dtype, **options)
     except (KeyError, ValueError) as e:
         raise CheckpointError(f"{cfg_file}: unsupported or incomplete config: {e}") from None
 
@@ -83,18 +85,21 @@ def _tensor_files(path: Path) -> dict[str, Path]:
 
 
 def from_pretrained(
-    path: str | os.PathLike, *, dtype=jnp.float32, mesh: Mesh | None = None
+    path: str | os.PathLike, *, dtype=jnp.float32, param_dtype=None, mesh: Mesh | None = None,
+    **options,
 ) -> Qwen2ForCausalLM:
     """Loads a Hugging Face Qwen2/Qwen2.5 folder (config.json + safetensors) into NNX.
 
-    ``dtype`` is used both for the stored parameters and for compute. With a ``mesh``, each
+    ``dtype`` is the compute dtype and ``param_dtype`` the storage dtype of the parameters
+    (default: ``dtype``; train with float32 storage, see ``QwenConfig``); ``options`` are
+    the config fields the folder does not hold (``remat``, ``scan_layers``). With a ``mesh``, each
     tensor is put straight onto its ``NamedSharding`` (from the parameters' partition specs);
     without, onto the default device. Raises ``CheckpointError`` with a one-line message for a
     missing folder, config or weights, a non-Qwen2 architecture, missing or unexpected keys
     and shape mismatches.
     """
     path = Path(path)
-    config = load_config(path, dtype=dtype)
+    config = load_config(path, dtype=dtype, param_dtype=param_dtype, **options)
     files = _tensor_files(path)
 
     abstract = nnx.eval_shape(lambda: Qwen2ForCausalLM(config, rngs=nnx.Rngs(0)))
@@ -131,7 +136,7 @@ def from_pretrained(
                         f"{path}: shape mismatch for {k}: checkpoint {tuple(arr.shape)}, "
                         f"model {tuple(var.shape)}"
                     )
-                arr = arr.astype(jnp.dtype(dtype))
+                arr = arr.astype(jnp.dtype(config.param_dtype))
                 p = tuple(int(x) if x.isdigit() else x for x in k.split("."))
                 if mesh is not None:
                     sh = flat_shardings[p]
@@ -148,19 +153,29 @@ def from_pretrained(
     return model
 
 
-def save_pretrained(model: Qwen2ForCausalLM, path: str | os.PathLike) -> None:
+def folder_dtype(path: str | os.PathLike) -> str | None:
+    """The weights' dtype a Hugging Face folder declares (``torch_dtype`` or ``dtype`` of its
+    ``config.json``), e.g. ``"bfloat16"`` for Qwen2.5; None if it declares none."""
+    d = json.loads((Path(path) / "config.json").read_text())
+    dtype = d.get("torch_dtype") or d.get("dtype")
+    return dtype if isinstance(dtype, str) else None
+
+
+def save_pretrained(model: Qwen2ForCausalLM, path: str | os.PathLike, *, dtype=None) -> None:
     """Writes ``config.json`` and ``model.safetensors`` loadable by ``transformers``.
 
-    Tensors keep the model's parameter dtype (float32 or bfloat16). Sharded parameters are
-    gathered to the host one at a time.
+    Tensors are written in ``dtype`` (default: the model's parameter dtype), and
+    ``config.json`` declares it. Sharded parameters are gathered to the host one at a time.
     """
     if nnx.state(model, nnx.LoRAParam):
         raise ValueError("save_pretrained: the model has LoRA adapters; call "
                          "ragen_jax.models.lora.merge_lora(model) first")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
+    config = model.config.replace(param_dtype=jnp.dtype(dtype or model.config.param_dtype))
     tensors = {}
     for p, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-        tensors[_path_key(p)] = np.ascontiguousarray(jax.device_get(var[...]))
+        array = jax.device_get(var[...].astype(config.param_dtype))
+        tensors[_path_key(p)] = np.ascontiguousarray(array)
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-    (path / "config.json").write_text(json.dumps(model.config.to_hf_dict(), indent=2) + "\n")
+    (path / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2) + "\n")

@@ -12,7 +12,9 @@ log-probabilities; the true input of ``z_i`` is column ``c_i``. Then
 - the MI z-score ``mean((matched - marginal) / (std(marginal) + 1e-3))``, the std taken over
   the sampled reasonings.
 
-``cross_scores`` computes the matrix with the policy in jitted micro-batches;
+``cross_scores`` computes the matrix with the policy in jitted micro-batches (the output head
+runs on chunks of positions, ``starpo.token_scores``: a micro-batch's logits are never all in
+memory at once);
 ``collapse_metrics`` turns it into RAGEN's numbers. Two ways to sample the pairs from a
 rollout batch, as RAGEN: ``first_turn_pairs`` (X = the first prompt, Z = the first response;
 episodes of a group share X, one column per group) and ``trajectory_uniform_pairs`` (a
@@ -41,6 +43,7 @@ import numpy as np
 from flax import nnx
 
 from ragen_jax.models.qwen import Qwen2ForCausalLM
+from ragen_jax.starpo.token_scores import target_logprobs
 
 
 def cross_scores(model: Qwen2ForCausalLM, inputs: list[list[int]], reasonings: list[list[int]],
@@ -107,11 +110,10 @@ def _pair_scores(model, cache, first_logp, x_len, column, z_ids, z_real):
                                valid=cache.valid[column], lengths=cache.lengths[column])
     start = x_len[column]  # [R] the first position of z
     positions = start[:, None] + jnp.arange(z_ids.shape[1], dtype=jnp.int32)[None]  # [R, Lz]
-    logits, _ = model(z_ids, positions, z_real, pair_cache)  # [R, Lz, V]
-    logp = jax.nn.log_softmax(logits, axis=-1)
+    hidden, _ = model.model(z_ids, positions, z_real, pair_cache)  # [R, Lz, E]
     first = jnp.take_along_axis(first_logp[column], z_ids[:, :1], axis=1)[:, 0]  # [R]
-    rest = jnp.take_along_axis(logp[:, :-1], z_ids[:, 1:, None], axis=2)[..., 0]  # [R, Lz-1]
-    return jnp.where(z_real[:, 0], first, 0.0) + jnp.sum(rest * z_real[:, 1:], axis=1)
+    rest, _ = target_logprobs(model, hidden[:, :-1], z_ids[:, 1:], mask=z_real[:, 1:])  # [R, Lz-1]
+    return jnp.where(z_real[:, 0], first, 0.0) + jnp.sum(rest, axis=1)
 
 
 def collapse_metrics(scores: jax.Array, true_column: jax.Array, input_ids: jax.Array | None = None,

@@ -4,7 +4,8 @@ RAGEN scores each group of rollouts (same env seed) — by default the std of it
 scores, the "SNR" proxy: a group where every rollout earned the same score yields zero
 advantage under GRPO and mostly noise under PPO — and keeps the top groups by a strategy.
 RAGEN cuts the dropped groups out of the batch and pads it back; here shapes stay static:
-dropped groups get weight zero, and the caller multiplies its loss mask by the weights.
+dropped groups get weight zero; the caller trains on rows of positive weight and multiplies
+their advantages by it (``loss_scaling``, as RAGEN's ``filter_loss_scaling``).
 
 Semantics follow RAGEN's ``ragen/trainer/rollout_filter.py`` exactly for each strategy
 (including its edge cases: an unreachable ``top_p`` threshold keeps nothing, ``top_k`` keeps
@@ -36,7 +37,7 @@ class FilterConfig:
     include_zero: bool = True
     top_p_prob_mode: str = "linear"  # or "softmax"
     selection_eps: float = 0.01
-    loss_scaling: str = "none"  # "linear" or "sqrt": scale kept samples by the kept ratio
+    loss_scaling: str = "none"  # "linear" or "sqrt": scale kept samples' advantages by the kept ratio
 
     def __post_init__(self):
         for field, allowed in (("strategy", STRATEGIES), ("metric", METRICS),

@@ -84,9 +84,10 @@ def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
     local = StepBatch(
         input_ids=cols(batch.input_ids), attention_mask=cols(batch.attention_mask),
         positions=cols(batch.position_ids),
-        loss_mask=cols(batch.loss_mask.astype(np.float32) * weights[:, None]),
+        loss_mask=cols(batch.loss_mask.astype(np.float32) * (weights[:, None] > 0)),
         sampler_logp=cols(batch.model_logprobs), token_rewards=cols(batch.token_rewards),
         turn_end=turn_ends(cols(batch.loss_mask), cols(batch.turn_ids)),
         scores=batch.scores[rows], group_ids=group_ids.astype(np.int32),
-        bucket_ids=np.asarray(group_buckets, np.int32)[group_ids])
+        bucket_ids=np.asarray(group_buckets, np.int32)[group_ids],
+        advantage_scale=weights[rows].astype(np.float32))
     return jax.tree.map(lambda x: dist.global_rows(x, mesh), local)

@@ -74,13 +74,14 @@ class StepBatch:
     input_ids: jax.Array  # [B, L] int32
     attention_mask: jax.Array  # [B, L] bool
     positions: jax.Array  # [B, L] int32
-    loss_mask: jax.Array  # [B, L] float32, sampled tokens times the filter's weight
+    loss_mask: jax.Array  # [B, L] float32, 1 on the sampled tokens of the rows that train
     sampler_logp: jax.Array  # [B, L] float32, log_softmax(logits / T) the sampler saw
     token_rewards: jax.Array  # [B, L] float32
     turn_end: jax.Array  # [B, L] float32, 1 on each turn's last sampled token
     scores: jax.Array  # [B] float32
     group_ids: jax.Array  # [B] int32, global group ids
     bucket_ids: jax.Array  # [B] int32, reward-std bucket of the row's group (gradient analysis)
+    advantage_scale: jax.Array  # [B] float32, the filter's loss scaling (RAGEN scales advantages)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +111,7 @@ def init_state(settings: StepSettings, actor: Any, critic: Any = None) -> TrainS
 
 def make_update(settings: StepSettings, networks: Networks, mesh: Mesh | None = None) -> Callable:
     """The jitted ``update(state, batch, *, train_actor=True, analyse_gradients=False)``
-    (see the module docstring). ``train_actor=False`` trains only the critic (its warmup);
+    (see the module docstring); ``state`` is donated (its arrays are invalid afterwards). ``train_actor=False`` trains only the critic (its warmup);
     ``analyse_gradients`` adds ``grad_analysis/*`` norms (``starpo.gradient_analysis``).
     The untrained variables (``networks.*_rest``) are arguments of the compiled function,
     not constants baked into it."""
@@ -124,7 +125,7 @@ def make_update(settings: StepSettings, networks: Networks, mesh: Mesh | None = 
         def one(rows):
             model = nnx.merge(networks.actor, trained, rest)
             return token_logprobs(model, rows.input_ids, rows.attention_mask, rows.positions,
-                                  s.actor.temperature)[0]
+                                  s.actor.temperature, loss_mask=rows.loss_mask)[0]
         return _chunked(one, batch, chunk)
 
     old_logprobs = logprobs if s.recompute_logprobs else (lambda trained, rest, batch: batch.sampler_logp)
@@ -149,6 +150,9 @@ def make_update(settings: StepSettings, networks: Networks, mesh: Mesh | None = 
             values = _critic_values(networks.critic, state.critic, critic_rest, batch, chunk)
         adv, returns = compute_advantages(s.advantages, AdvantageInputs(
             batch.token_rewards, mask, batch.turn_end, batch.scores, batch.group_ids), values)
+        # A scale on the loss mask would cancel in token-mean aggregation; on the advantages
+        # it is what RAGEN's filter_loss_scaling does.
+        adv = adv * batch.advantage_scale[:, None]
         metrics["critic/advantages_mean"] = masked_mean(adv, mask)
         if critic_step is not None:
             state, critic_metrics = _train_critic(s, critic_step, state, critic_rest, batch,
@@ -168,7 +172,10 @@ def make_update(settings: StepSettings, networks: Networks, mesh: Mesh | None = 
             metrics |= actor_metrics | {"actor/lr": lr}
         return state.replace(step=state.step + 1), metrics
 
-    jitted = jax.jit(update, static_argnames=("train_actor", "analyse_gradients"))
+    # The state is donated: the new parameters and optimizer state reuse its buffers, so an
+    # update holds one copy of them, not two. Callers must not read the old state afterwards.
+    jitted = jax.jit(update, static_argnames=("train_actor", "analyse_gradients"),
+                     donate_argnames=("state",))
 
     def call(state: TrainState, batch: StepBatch, *, train_actor: bool = True,
              analyse_gradients: bool = False) -> tuple[TrainState, dict[str, jax.Array]]:

@@ -39,6 +39,7 @@ from jax.sharding import Mesh
 from ragen_jax.models.qwen import Qwen2ForCausalLM, Qwen2ForValue, param_shardings
 from ragen_jax.sharding import batch_sharding
 from ragen_jax.starpo import losses
+from ragen_jax.starpo.token_scores import token_logprobs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +79,10 @@ class UpdateConfig:
             raise ValueError("update.total_steps must exceed update.warmup_steps for the cosine schedule")
         if self.micro_batches < 1:
             raise ValueError(f"update.micro_batches must be >= 1, got {self.micro_batches}")
+        if not self.temperature > 0:
+            raise ValueError(f"rollout.temperature must be > 0 for training (the update divides "
+                             f"the logits by it), got {self.temperature}; validation may be "
+                             "greedy with rollout.val_temperature=0")
 
 
 
@@ -136,19 +141,6 @@ def learning_rate(config: UpdateConfig, step: jax.Array | int) -> jax.Array:
     return jnp.asarray(fn(step), jnp.float32)
 
 
-def token_logprobs(model: Qwen2ForCausalLM, input_ids: jax.Array, attention_mask: jax.Array,
-                   positions: jax.Array, temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
-    """``log p(token_j | tokens before j)`` and the entropy of that distribution, for every
-    slot ``j >= 1`` (slot 0 gets 0).  # [B, L], [B, L]"""
-    logits, _ = model(input_ids, positions, attention_mask)  # [B, L, V]
-    logits = logits[:, :-1] / temperature
-    logp_all = jax.nn.log_softmax(logits, axis=-1)
-    logp = jnp.take_along_axis(logp_all, input_ids[:, 1:, None], axis=-1)[..., 0]
-    entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
-    pad = jnp.zeros((input_ids.shape[0], 1), jnp.float32)
-    return jnp.concatenate([pad, logp], 1), jnp.concatenate([pad, entropy], 1)
-
-
 def token_values(critic: Qwen2ForValue, input_ids: jax.Array, attention_mask: jax.Array,
                  positions: jax.Array) -> jax.Array:
     """The value of the state in which token ``j`` was generated (the critic's output at slot
@@ -182,9 +174,9 @@ def actor_loss_terms(model: Qwen2ForCausalLM, batch: TrainBatch, config: UpdateC
     clipped surrogate), ``"entropy"`` (``-entropy_coeff * entropy``) and, when ``kl_coef > 0``,
     ``"kl"``; their sum is the loss before aggregation. Returns ``(terms, metrics)``, each
     term ``[B, L]`` (shared by the update and ``gradient_analysis``)."""
-    logp, entropy = token_logprobs(model, batch.input_ids, batch.attention_mask, batch.positions,
-                                   config.temperature)
     mask = batch.loss_mask
+    logp, entropy = token_logprobs(model, batch.input_ids, batch.attention_mask, batch.positions,
+                                   config.temperature, loss_mask=mask)
     pg, pg_metrics = losses.policy_loss(logp, batch.old_logp, batch.advantages, mask,
                                         config.clip_low, config.clip_high, config.clip_c)
     terms = {"pg": pg, "entropy": -config.entropy_coeff * entropy}
@@ -238,7 +230,7 @@ def make_step_fn(graphdef: Any, config: UpdateConfig,
     def step(params, rest, opt_state, batch, learning_rate):
         if mesh is not None:
             batch = jax.lax.with_sharding_constraint(batch, batch_sharding(mesh))
-        micro = jax.tree.map(lambda x: x.reshape(num_micro, x.shape[0] // num_micro, *x.shape[1:]), batch)
+        micro = jax.tree.map(lambda x: interleave(x, num_micro), batch)
 
         def accumulate(carry, mb):
             grads, den, sums = carry
@@ -271,10 +263,13 @@ def make_step_fn(graphdef: Any, config: UpdateConfig,
 
 def make_train_step(graphdef: Any, config: UpdateConfig,
                     optimizer: optax.GradientTransformation | None = None,
-                    objective: Callable = actor_objective, mesh: Mesh | None = None) -> Callable:
+                    objective: Callable = actor_objective, mesh: Mesh | None = None, *,
+                    donate: bool = True) -> Callable:
     """``make_step_fn`` jitted, with ``learning_rate`` optional (default: ``config.lr``):
-    ``step(params, rest, opt_state, batch, learning_rate=None)``."""
-    step = jax.jit(make_step_fn(graphdef, config, optimizer, objective, mesh))
+    ``step(params, rest, opt_state, batch, learning_rate=None)``. With ``donate``, ``params``
+    and ``opt_state`` are donated (invalid after the call; use the returned ones)."""
+    step = jax.jit(make_step_fn(graphdef, config, optimizer, objective, mesh),
+                   donate_argnums=(0, 2) if donate else ())
 
     def call(params, rest, opt_state, batch, learning_rate=None):
         lr = config.lr if learning_rate is None else learning_rate
@@ -285,12 +280,21 @@ def make_train_step(graphdef: Any, config: UpdateConfig,
     return call
 
 
+def interleave(x: jax.Array, parts: int) -> jax.Array:
+    """``x [B, ...]`` as ``[parts, B / parts, ...]`` where part ``i`` holds rows ``i, i + parts,
+    i + 2 parts, ...``: a batch sharded over devices in contiguous row blocks stays spread over
+    every device in every part (contiguous parts would each sit on a few devices)."""
+    return x.reshape(x.shape[0] // parts, parts, *x.shape[1:]).swapaxes(0, 1)
+
+
 def mini_batch_epochs(step: Callable, params: Any, rest: Any, opt_state: Any, batch: Any,
                       learning_rate: jax.Array, *, epochs: int, mini_batch_size: int
                       ) -> tuple[Any, Any, dict[str, jax.Array]]:
-    """``epochs`` passes over ``batch`` in consecutive mini-batches of ``mini_batch_size``
-    rows, one ``step`` (from ``make_step_fn``) each, as a ``lax.scan`` (RAGEN: 1 epoch,
-    mini-batches of 32 trajectories, no shuffling). Traceable. Returns the new params and
+    """``epochs`` passes over ``batch`` in mini-batches of ``mini_batch_size`` rows, one
+    ``step`` (from ``make_step_fn``) each, as a ``lax.scan`` (RAGEN: 1 epoch, mini-batches of
+    32 trajectories, no shuffling). Mini-batch ``i`` holds every ``n``-th row from row ``i``
+    (``interleave``), not a consecutive block: the same unshuffled partition up to row order,
+    which keeps every mini-batch on all data shards. Traceable. Returns the new params and
     optimizer state and the metrics averaged over the steps (plus
     ``train/num_mini_batches``)."""
     size = jax.tree.leaves(batch)[0].shape[0]
@@ -298,7 +302,7 @@ def mini_batch_epochs(step: Callable, params: Any, rest: Any, opt_state: Any, ba
         raise ValueError(f"update: batch of {size} rows is not divisible by mini_batch_size "
                          f"{mini_batch_size}")
     n = size // mini_batch_size
-    minis = jax.tree.map(lambda x: x.reshape(n, mini_batch_size, *x.shape[1:]), batch)
+    minis = jax.tree.map(lambda x: interleave(x, n), batch)
 
     def one(carry, i):
         params, opt_state = carry

@@ -11,7 +11,7 @@ from flax import nnx
 
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
 from ragen_jax.starpo.diagnostics import collapse_metrics, cross_scores
-from ragen_jax.starpo.update import token_logprobs
+from ragen_jax.starpo.token_scores import token_logprobs
 
 
 def test_input_blind_reasoning_has_zero_mi_and_chance_retrieval():
@@ -62,13 +62,19 @@ def test_cross_scores_equal_separate_teacher_forcing():
     reasonings = [[10, 11], [12, 13, 14], [15]]  # a one-token z is scored from x's last logits
     mean, total = cross_scores(model, inputs, reasonings)
     assert mean.shape == (3, 3)
-    for i, z in enumerate(reasonings):
-        for j, x in enumerate(inputs):
-            seq = jnp.asarray([x + z], jnp.int32)
-            logp, _ = token_logprobs(model, seq, jnp.ones_like(seq, bool), jnp.arange(seq.shape[1])[None])
-            expected = float(logp[0, len(x):].sum())
-            assert float(total[i, j]) == pytest.approx(expected, abs=1e-4)
-            assert float(mean[i, j]) == pytest.approx(expected / len(z), abs=1e-4)
+    pairs = [(i, j, x + z) for i, z in enumerate(reasonings) for j, x in enumerate(inputs)]
+    width = max(len(seq) for *_, seq in pairs)
+    ids = np.zeros((len(pairs), width), np.int32)  # every [x | z], right-padded, in one batch
+    for row, (*_, seq) in enumerate(pairs):
+        ids[row, :len(seq)] = seq
+    real = jnp.asarray(ids > 0)  # token 0 is not used above
+    positions = jnp.broadcast_to(jnp.arange(width), ids.shape)
+    logp, _ = token_logprobs(model, jnp.asarray(ids), real, positions)
+    for row, (i, j, _) in enumerate(pairs):
+        x, z = inputs[j], reasonings[i]
+        expected = float(logp[row, len(x):len(x) + len(z)].sum())
+        assert float(total[i, j]) == pytest.approx(expected, abs=1e-4)
+        assert float(mean[i, j]) == pytest.approx(expected / len(z), abs=1e-4)
 
 
 def test_first_turn_pairs_from_a_batch_layout():

@@ -3,6 +3,8 @@ pure, and with each optional role (critic, reference, LoRA reference) decided at
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,7 +43,7 @@ def make_batch(model, seed=0) -> StepBatch:
     return StepBatch(input_ids=ids, attention_mask=attn, positions=pos, loss_mask=loss,
                      sampler_logp=logp, token_rewards=rewards, turn_end=jnp.zeros((B, L)),
                      scores=scores, group_ids=jnp.repeat(jnp.arange(GROUPS), B // GROUPS),
-                     bucket_ids=jnp.zeros(B, jnp.int32))
+                     bucket_ids=jnp.zeros(B, jnp.int32), advantage_scale=jnp.ones(B))
 
 
 def settings(estimator="grpo", critic=False, reference=None, mini=B, recompute=False):
@@ -70,23 +72,47 @@ def test_grpo_update_equals_its_pieces_and_is_pure():
     s = settings()
     model, networks, state = build(s)
     batch = make_batch(model)
-    before = jax.tree.map(np.asarray, state)
-    new, metrics = make_update(s, networks)(state, batch)
+    update = make_update(s, networks)
+    new, metrics = update(copy(state), batch)
     # By hand: GRPO advantages, then one actor step on the whole batch at lr(step 0).
     adv = adv_lib.broadcast(adv_lib.grpo(batch.scores, batch.group_ids, GROUPS), batch.loss_mask)
     rows = TrainBatch(batch.input_ids, batch.attention_mask, batch.positions, batch.loss_mask,
                       batch.sampler_logp, adv, None)
     opt = make_optimizer(s.actor)
-    params, _, ref_metrics = make_train_step(networks.actor, s.actor, opt)(
+    params, _, ref_metrics = make_train_step(networks.actor, s.actor, opt, donate=False)(
         state.actor, networks.actor_rest, opt.init(state.actor), rows)
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(new.actor), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
     assert float(metrics["actor/pg_loss"]) == pytest.approx(float(ref_metrics["actor/pg_loss"]), abs=1e-6)
     assert int(new.step) == 1 and new.critic is None and new.reference is None
     assert "rollout/ref_kl" not in metrics and "critic/values_mean" not in metrics
-    # The input state is untouched: the update is a function.
-    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(state), strict=True):
-        np.testing.assert_array_equal(a, np.asarray(b))
+    # A function of its inputs: the same state again gives the same result; the state
+    # passed in is donated (its buffers hold the result, one copy of the weights in memory).
+    donated = copy(state)
+    again, _ = update(donated, batch)
+    for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(new), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert all(x.is_deleted() for x in jax.tree.leaves(donated.actor))
+
+
+def copy(state):
+    return jax.tree.map(jnp.copy, state)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum"])
+def test_filter_loss_scaling_scales_the_advantages(mode):
+    """RAGEN's filter_loss_scaling multiplies the advantages, so it changes the loss under
+    every aggregation (a scaled loss mask would cancel in token-mean)."""
+    s = settings()
+    s = dataclasses.replace(s, actor=dataclasses.replace(s.actor, loss_agg_mode=mode))
+    model, networks, state = build(s)
+    batch = make_batch(model)
+    update = make_update(s, networks)
+    _, full = update(copy(state), batch)
+    _, half = update(copy(state), batch.replace(advantage_scale=jnp.full(B, 0.5)))
+    # First step: ratio 1, so the surrogate is -advantage, linear in the scale.
+    assert float(full["actor/pg_loss"]) != 0.0
+    assert float(half["actor/pg_loss"]) == pytest.approx(0.5 * float(full["actor/pg_loss"]), rel=1e-5)
 
 
 def test_mini_batches_and_recompute_match_the_sampler():
@@ -102,7 +128,7 @@ def test_critic_role_trains_the_critic_and_can_run_alone():
     model, networks, state = build(s)
     update = make_update(s, networks)
     batch = make_batch(model)
-    new, metrics = update(state, batch, train_actor=False)  # critic warmup: critic only
+    new, metrics = update(copy(state), batch, train_actor=False)  # critic warmup: critic only
     for a, b in zip(jax.tree.leaves(state.actor), jax.tree.leaves(new.actor), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     moved = [float(jnp.abs(a - b).max()) for a, b in
