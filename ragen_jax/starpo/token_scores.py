@@ -56,7 +56,7 @@ _scores.defvjp(_scores_fwd, _scores_bwd)
 
 
 def target_logprobs(model: Qwen2ForCausalLM, hidden: jax.Array, targets: jax.Array,
-                    temperature: float = 1.0, *, chunk: int = 256,
+                    temperature: float = 1.0, *, chunk: int = 128,
                     mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """``log p(targets[b, t])`` under the distribution the output head gives at
     ``hidden[b, t]`` (logits divided by ``temperature``), and that distribution's entropy.
@@ -105,7 +105,7 @@ def target_logprobs(model: Qwen2ForCausalLM, hidden: jax.Array, targets: jax.Arr
 
 
 def token_logprobs(model: Qwen2ForCausalLM, input_ids: jax.Array, attention_mask: jax.Array,
-                   positions: jax.Array, temperature: float = 1.0, *, chunk: int = 256,
+                   positions: jax.Array, temperature: float = 1.0, *, chunk: int = 128,
                    loss_mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """``log p(token_j | tokens before j)`` and the entropy of that distribution, for every
     slot ``j >= 1`` of ``input_ids [B, L]`` (slot 0 gets 0), at ``temperature``.
