@@ -9,7 +9,7 @@ the compiled step for Qwen2.5-0.5B, 3B and 7B shapes on meshes of 8 and 64 devic
 parameters sharded by their partition specs and the batch over ("data", "fsdp"). Nothing is
 allocated: parameters are abstract (``jax.ShapeDtypeStruct`` with shardings).
 
-    PYTHONPATH=. python experiments/bench_update.py [--quick] [--skip-pod]
+    PYTHONPATH=. python experiments/bench_update.py [--quick] [--skip-pod] [--only-compile-depth]
 
 Writes ``experiments/results/bench_update.md``.
 """
@@ -242,6 +242,19 @@ def _checkout(ref: str | None) -> tuple[Path, Path | None]:
     return tree, tree
 
 
+def _step_at(ref: str | None, cases: list, repeats: int) -> tuple[list[dict], str | None]:
+    """Runs ``_STEP`` on ``cases`` in a fresh process, with the code of commit ``ref`` (None:
+    this checkout)."""
+    root, tree = _checkout(ref)
+    code = f"ROOT = {str(root)!r}\nCASES = {cases!r}\nREPEATS = {repeats}\n" + _STEP
+    try:
+        return subprocess_results(code, {**os.environ, "XLA_FLAGS": ""}, timeout=3000)
+    finally:
+        if tree is not None:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                           capture_output=True)
+
+
 def run_roofline(quick: bool, before: str = "e966477") -> list[str]:
     """The 0.5B-shaped float32 train step against this CPU's float32 matmul roofline, this
     checkout against commit ``before``, and the step's compile time against depth."""
@@ -253,15 +266,7 @@ def run_roofline(quick: bool, before: str = "e966477") -> list[str]:
     variants = (("before (" + before + ")", before, {}), ("now, scanned layers", None, {}),
                 ("now, unrolled layers", None, {"scan_layers": False}))
     for label, ref, options in variants:
-        root, tree = _checkout(ref)
-        cases = [("run", 0, b, t, options) for b, t in cells]
-        code = f"ROOT = {str(root)!r}\nCASES = {cases!r}\nREPEATS = 2\n" + _STEP
-        try:
-            results, error = subprocess_results(code, {**os.environ, "XLA_FLAGS": ""}, timeout=3000)
-        finally:
-            if tree is not None:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                               capture_output=True)
+        results, error = _step_at(ref, [("run", 0, b, t, options) for b, t in cells], repeats=2)
         for r in results:
             head = f"| {label} | {r['batch']} x {r['length']} |"
             if "error" in r:
@@ -278,25 +283,34 @@ def run_roofline(quick: bool, before: str = "e966477") -> list[str]:
     return rows
 
 
-def run_compile_depth(quick: bool) -> list[str]:
-    """Compile time of the 0.5B-width train step at several depths, scanned and unrolled."""
+def run_compile_depth(quick: bool, before: str = "b4fe845") -> list[str]:
+    """Compile time of the 0.5B-width train step at several depths: layers stored one module
+    each (commit ``before``, stacked only inside the forward) against stacked storage (now),
+    scanned and unrolled."""
     rows = ["", "Compile time of the 0.5B-width train step (batch 1 x 256, compile only) against "
-             "depth:", "", "| layers | scanned s | unrolled s | scanned / 4-layer scanned | "
-             "unrolled / 4-layer unrolled |", "|---|---|---|---|---|"]
+             f"depth; \"per-layer\": layers stored one module each ({before}), \"stacked\": one "
+             "[L, ...] variable per weight (now):", "",
+             "| layers | per-layer, scanned s | stacked, scanned s | stacked, unrolled s | "
+             "per-layer scanned / 4-layer | stacked scanned / 4-layer | "
+             "stacked unrolled / 4-layer |", "|---|---|---|---|---|---|---|"]
     depths = [4, 28] if quick else [4, 24, 28]
-    cases = [("compile", n, 1, 256, {"scan_layers": scan}) for n in depths for scan in (True, False)]
-    code = f"ROOT = {str(ROOT)!r}\nCASES = {cases!r}\nREPEATS = 1\n" + _STEP
-    results, error = subprocess_results(code, {**os.environ, "XLA_FLAGS": ""}, timeout=3000)
     nan = float("nan")
-    by = {(r["layers"], r["options"]["scan_layers"]): r.get("compile_s", nan) for r in results}
+    by, errors = {}, []
+    for label, ref, scans in (("per-layer", before, (True,)), ("stacked", None, (True, False))):
+        cases = [("compile", n, 1, 256, {"scan_layers": scan}) for n in depths for scan in scans]
+        results, error = _step_at(ref, cases, repeats=1)
+        by.update({(label, r["layers"], r["options"]["scan_layers"]): r.get("compile_s", nan)
+                   for r in results})
+        if error:
+            errors.append(f"{label}: {error}")
+    columns = [("per-layer", True), ("stacked", True), ("stacked", False)]
     for n in depths:
-        scanned, unrolled = by.get((n, True), nan), by.get((n, False), nan)
-        rows.append(f"| {n} | {scanned:.1f} | {unrolled:.1f} | "
-                    f"{scanned / by.get((depths[0], True), nan):.2f} | "
-                    f"{unrolled / by.get((depths[0], False), nan):.2f} |")
+        cells = [by.get((lab, n, scan), nan) for lab, scan in columns]
+        ratios = [c / by.get((lab, depths[0], scan), nan) for c, (lab, scan) in zip(cells, columns, strict=True)]
+        rows.append(f"| {n} | " + " | ".join(f"{c:.1f}" for c in cells) + " | "
+                    + " | ".join(f"{r:.2f}" for r in ratios) + " |")
         print(rows[-1], flush=True)
-    if error:
-        rows.append("\n" + error)
+    rows += ["\n" + e for e in errors]
     return rows
 
 
@@ -340,8 +354,18 @@ def main() -> None:
     ap.add_argument("--skip-pod", action="store_true")
     ap.add_argument("--skip-throughput", action="store_true")
     ap.add_argument("--skip-roofline", action="store_true")
+    ap.add_argument("--only-compile-depth", action="store_true",
+                    help="only the compile-time-against-depth table, to bench_update_compile_depth.md")
     args = ap.parse_args()
     import jax
+
+    if args.only_compile_depth:
+        out = ROOT / "experiments" / "results" / "bench_update_compile_depth.md"
+        lines = [f"# bench_update --only-compile-depth (jax {jax.__version__}, {os.cpu_count()} "
+                 "CPU cores)"] + run_compile_depth(args.quick)
+        out.write_text("\n".join(lines) + "\n")
+        print(f"wrote {out}")
+        return
 
     lines = [f"# bench_update (jax {jax.__version__}, {os.cpu_count()} CPU cores)", "",
              "## Actor train step on this CPU (float32, AdamW, one micro-batch)", ""]

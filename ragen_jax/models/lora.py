@@ -2,10 +2,11 @@
 
 ``add_lora(model, rank, alpha)`` gives every targeted ``Linear`` two ``nnx.LoRAParam``
 matrices, ``lora_a [r, in]`` (random) and ``lora_b [out, r]`` (zero, so the adapted model
-starts equal to the base), and the output gains ``alpha / r * x A^T B^T``. Train only the
-adapters by splitting the model with the ``nnx.LoRAParam`` filter; the reference policy is
-the same model with the adapters zeroed (``without_adapters``), as RAGEN uses the actor with
-adapters disabled; ``merge_lora`` folds ``B A`` into the base weights for export.
+starts equal to the base), stacked ``[L, ...]`` like the decoder layers' weights, and the
+output gains ``alpha / r * x A^T B^T``. Train only the adapters by splitting the model with
+the ``nnx.LoRAParam`` filter; the reference policy is the same model with the adapters zeroed
+(``without_adapters``), as RAGEN uses the actor with adapters disabled; ``merge_lora`` folds
+``B A`` into the base weights for export.
 """
 
 from __future__ import annotations
@@ -36,13 +37,15 @@ def add_lora(model: nnx.Module, rank: int, alpha: float = 64.0,
         raise ValueError(f"lora.rank must be >= 1, got {rank}")
     key = jax.random.key(seed)
     for i, linear in enumerate(list(_targets(model, target_modules))):
-        out_dim, in_dim = linear.weight.shape
+        *layers, out_dim, in_dim = linear.weight.shape  # layers: the stacked layer axis, [L]
         dtype = linear.weight[...].dtype
-        spec = linear.weight.get_metadata().get("out_sharding") or (None, None)
-        a = jax.random.normal(jax.random.fold_in(key, i), (rank, in_dim), dtype) / jnp.sqrt(in_dim)
-        linear.lora_a = nnx.LoRAParam(a, out_sharding=(None, spec[1]), eager_sharding=False)
-        linear.lora_b = nnx.LoRAParam(jnp.zeros((out_dim, rank), dtype), out_sharding=(spec[0], None),
+        spec = linear.weight.get_metadata().get("out_sharding") or (None,) * linear.weight.ndim
+        *lead, out_spec, in_spec = spec
+        a = jax.random.normal(jax.random.fold_in(key, i), (*layers, rank, in_dim), dtype)
+        linear.lora_a = nnx.LoRAParam(a / jnp.sqrt(in_dim), out_sharding=(*lead, None, in_spec),
                                       eager_sharding=False)
+        linear.lora_b = nnx.LoRAParam(jnp.zeros((*layers, out_dim, rank), dtype),
+                                      out_sharding=(*lead, out_spec, None), eager_sharding=False)
         linear.lora_scale = float(alpha) / rank
     return model
 

@@ -1,9 +1,13 @@
 """The Qwen2 / Qwen2.5 decoder in Flax NNX, in one file.
 
 Module and parameter names follow the Hugging Face checkpoint exactly, and every weight keeps the
-Hugging Face layout (``nn.Linear`` weights are ``[out, in]``), so the checkpoint key
-``model.layers.3.self_attn.q_proj.weight`` is the NNX path
-``("model", "layers", 3, "self_attn", "q_proj", "weight")`` and loading is a rename-free copy.
+Hugging Face layout (``nn.Linear`` weights are ``[out, in]``). The decoder layers are stored
+stacked, as MaxText does: one ``Qwen2DecoderLayer`` whose every variable has a leading layer
+axis ``L``, so the checkpoint key ``model.layers.3.self_attn.q_proj.weight`` is row 3 of the
+NNX variable ``("model", "layers", "self_attn", "q_proj", "weight")`` of shape ``[L, out, in]``
+(``weights.py`` stacks and unstacks). The layers then run as one loop over that axis
+(``lax.scan`` for training, ``lax.fori_loop`` with a cache), so compile time and the
+optimizer's program do not grow with depth.
 
 Shapes in comments use: B batch, T new tokens in this call, S key/value slots (T without a
 cache, the cache size with one), E hidden size, H query heads, K key/value heads, G = H // K,
@@ -86,8 +90,9 @@ class QwenConfig:
     # without a cache (training) never block: under autodiff the blocks cost 5-16% on CPU.
     attention_block_bytes: int | None = None
     # Not checkpoint fields either; they shape calls without a cache (training, scoring).
-    # scan_layers: run the layers as one `lax.scan` over their stacked weights, so compile
-    # time does not grow with depth. remat: what a layer keeps for the backward pass
+    # scan_layers: run the layers as a rolled `lax.scan` over their stacked weights, so compile
+    # time does not grow with depth (False: the same scan fully unrolled, which XLA may
+    # schedule better on a CPU at the cost of compile time). remat: what a layer keeps for the backward pass
     # (REMAT_POLICIES): "none" everything, "full" only its input, "dots" also the outputs of
     # its weight matmuls (the attention's batched products are recomputed).
     scan_layers: bool = True
@@ -249,8 +254,8 @@ class KVCache:
     # leading), and keys transposed (slots last) so both products contract over a non-minor
     # dimension: q.k over D of [D, S], p.v over S of [S, D]. A [B, S, K, D] layout made XLA
     # CPU transpose the whole cache every step; keys as [S, D] made decode's q.k 5-10x slower.
-    k: tuple[jax.Array, ...]  # per layer [B, K, D, S]
-    v: tuple[jax.Array, ...]  # per layer [B, K, S, D]
+    k: jax.Array  # [L, B, K, D, S], stacked over layers like the weights
+    v: jax.Array  # [L, B, K, S, D]
     valid: jax.Array  # [B, S] bool: slot holds a real token
     index: jax.Array  # [] int32: next slot to write (shared by the batch)
     lengths: jax.Array  # [B] int32: real tokens so far, i.e. the next position id
@@ -259,12 +264,10 @@ class KVCache:
     def init(cls, config: QwenConfig, batch: int, size: int, dtype=None) -> KVCache:
         """An empty cache of ``size`` slots. ``dtype`` defaults to the compute dtype."""
         dtype = dtype or config.dtype
-        shape = (batch, config.num_key_value_heads, size, config.head_dim)
-        k_shape = (batch, config.num_key_value_heads, config.head_dim, size)
-        layers = range(config.num_hidden_layers)
+        n, kv, d = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
         return cls(
-            k=tuple(jnp.zeros(k_shape, dtype) for _ in layers),
-            v=tuple(jnp.zeros(shape, dtype) for _ in layers),
+            k=jnp.zeros((n, batch, kv, d, size), dtype),
+            v=jnp.zeros((n, batch, kv, size, d), dtype),
             valid=jnp.zeros((batch, size), bool),
             index=jnp.zeros((), jnp.int32),
             lengths=jnp.zeros((batch,), jnp.int32),
@@ -278,6 +281,11 @@ class KVCache:
     def batch(self) -> int:
         return self.valid.shape[0]
 
+    def take(self, rows: jax.Array) -> KVCache:
+        """The cache of batch rows ``rows [R]`` (a gather: rows may repeat)."""
+        return self.replace(k=self.k[:, rows], v=self.v[:, rows], valid=self.valid[rows],
+                            lengths=self.lengths[rows])
+
     def grow(self, size: int) -> KVCache:
         """A copy with ``size`` slots (>= the current size); new slots are empty."""
         extra = size - self.size
@@ -285,11 +293,9 @@ class KVCache:
             raise ValueError(f"cannot shrink a cache of {self.size} slots to {size}")
         if extra == 0:
             return self
-        k_pad = ((0, 0), (0, 0), (0, 0), (0, extra))
-        v_pad = ((0, 0), (0, 0), (0, extra), (0, 0))
         return self.replace(
-            k=tuple(jnp.pad(x, k_pad) for x in self.k),
-            v=tuple(jnp.pad(x, v_pad) for x in self.v),
+            k=jnp.pad(self.k, ((0, 0),) * 4 + ((0, extra),)),
+            v=jnp.pad(self.v, ((0, 0),) * 3 + ((0, extra), (0, 0))),
             valid=jnp.pad(self.valid, ((0, 0), (0, extra))),
         )
 
@@ -413,9 +419,10 @@ class Qwen2Attention(nnx.Module):
                  rows=None):
         """x [B, T, E]; attn_mask [B, T, S] bool (True = may attend).
 
-        Without a cache, S = T and keys are this call's tokens. With ``layer_cache = (k, v)``
-        of shapes [B, K, D, S] and [B, K, S, D], the new keys/values are written at slot
-        ``index`` and the updated ``(k, v)`` is returned. ``blocks`` > 1 computes attention
+        Without a cache, S = T and keys are this call's tokens. With ``layer_cache = (k, v,
+        layer)``, the stacked cache [L, B, K, D, S], [L, B, K, S, D] and this layer's index,
+        the new keys/values are written at slot ``index`` of row ``layer`` in place, and the
+        updated ``(k, v, layer)`` is returned. ``blocks`` > 1 computes attention
         over that many blocks of batch rows, one after the other (see ``attend``). With
         ``rows`` [B], keys and values come from all T tokens but only token ``rows[b]`` of
         each row queries: the output is [B, 1, E].
@@ -432,10 +439,12 @@ class Qwen2Attention(nnx.Module):
         q = self.q_proj(x).reshape(b, t, c.num_attention_heads, c.head_dim)  # [B, T, H, D]
         q = rope(q, positions, c.rope_theta)
         if layer_cache is not None:
-            ck, cv = layer_cache
-            k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, 0, 0, index))
-            v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, index, 0))
-            layer_cache = (k, v)  # [B, K, D, S], [B, K, S, D]
+            ck, cv, layer = layer_cache  # [L, B, K, D, S], [L, B, K, S, D], []
+            ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (layer, 0, 0, 0, index))
+            cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (layer, 0, 0, index, 0))
+            layer_cache = (ck, cv, layer)
+            k = jax.lax.dynamic_index_in_dim(ck, layer, keepdims=False)  # [B, K, D, S]
+            v = jax.lax.dynamic_index_in_dim(cv, layer, keepdims=False)  # [B, K, S, D]
         groups = c.num_attention_heads // c.num_key_value_heads
         q = q.reshape(b, t, c.num_key_value_heads, groups, c.head_dim)
         q = q.transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
@@ -526,17 +535,43 @@ class Qwen2DecoderLayer(nnx.Module):
         return x, layer_cache
 
 
+def stack_layers(layers: list[nnx.Module]) -> nnx.Module:
+    """One module with the structure of ``layers[0]`` whose every variable stacks the layers'
+    values on a new leading axis ``[L, ...]`` (partition spec: the layer axis unsharded).
+
+    Used at construction, so a stacked model is initialised exactly as ``L`` separate
+    layers built one after the other from the same ``rngs``."""
+    graphdef = nnx.graphdef(layers[0])
+    if any(nnx.graphdef(layer) != graphdef for layer in layers[1:]):
+        raise ValueError("stack_layers: the layers differ in structure")
+    states = [nnx.state(layer) for layer in layers]
+
+    def stack(*vs):
+        spec = vs[0].get_metadata().get("out_sharding")
+        spec = None if spec is None else (None, *spec)
+        return vs[0].replace(jnp.stack([v[...] for v in vs]), out_sharding=spec)
+
+    is_var = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
+    return nnx.merge(graphdef, jax.tree.map(stack, *states, is_leaf=is_var))
+
+
+def layer_at(graphdef, state, i) -> nnx.Module:
+    """Layer ``i`` (traced or static) of a stacked layer state, as a module. The index is a
+    dynamic slice, which XLA reads in place inside a loop (a static slice may copy)."""
+    return nnx.merge(graphdef, jax.tree.map(
+        lambda w: jax.lax.dynamic_index_in_dim(w, i, keepdims=False), state))
+
+
 class Qwen2Model(nnx.Module):
-    """Embedding, decoder layers and the final norm. The layers are stored one module each
-    (Hugging Face names and layout, a per-layer KV cache); calls with a cache run them as a
-    Python loop (unrolled under jit), calls without one by ``_layers_no_cache``."""
+    """Embedding, decoder layers and the final norm. The layers are one stacked
+    ``Qwen2DecoderLayer`` (leading layer axis on every variable, see the module docstring),
+    run by ``lax.scan`` without a cache and ``lax.fori_loop`` over the stacked cache with one."""
 
     def __init__(self, config: QwenConfig, *, rngs: nnx.Rngs):
         self.config = config
         self.embed_tokens = Embedding(config, rngs=rngs)
-        self.layers = nnx.List(
-            [Qwen2DecoderLayer(config, rngs=rngs) for _ in range(config.num_hidden_layers)]
-        )
+        self.layers = stack_layers(
+            [Qwen2DecoderLayer(config, rngs=rngs) for _ in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config)
         # Set by ``shard_model``: keeps activations [B, T, E] split over the batch axes, as
         # MaxText's activation constraints do; without it XLA may replicate them.
@@ -557,36 +592,19 @@ class Qwen2Model(nnx.Module):
         return jax.lax.with_sharding_constraint(x, self.activation_sharding)
 
     def _layers_no_cache(self, x, positions, attn_mask):
-        """All layers on ``x [B, T, E]`` without a cache (training, scoring), each under the
-        ``config.remat`` policy. With ``config.scan_layers`` the layers' variables are
-        stacked on a leading layer axis, already cast to the compute dtype (the cast every
-        layer applies anyway, so the result is the same), and run by one ``lax.scan``; the
-        stored parameters keep their per-layer Hugging Face names, and gradients flow back
-        through the stack to them."""
-        graphdef = nnx.graphdef(self.layers[0])
-        policy = REMAT_POLICIES[self.config.remat]
+        """All layers on ``x [B, T, E]`` without a cache (training, scoring): one ``lax.scan``
+        over the stacked layer variables (unrolled unless ``config.scan_layers``), each layer
+        under the ``config.remat`` policy. Gradients come back stacked, like the weights."""
+        graphdef, state = nnx.split(self.layers)
 
         def run(x, layer_state):
             x, _ = nnx.merge(graphdef, layer_state)(x, positions, attn_mask)
             return self._constrain(x)
 
         if self.config.remat != "none":
-            run = jax.checkpoint(run, policy=policy)
-        states = [nnx.state(layer) for layer in self.layers]
-        if not self.config.scan_layers or any(nnx.graphdef(layer) != graphdef
-                                              for layer in self.layers[1:]):
-            for state in states:
-                x = run(x, state)
-            return x
-        dtype = self.config.dtype
-
-        def stack(*leaves):  # one [L, ...] array per variable, floats in the compute dtype
-            if jnp.issubdtype(leaves[0].dtype, jnp.floating):
-                leaves = [leaf.astype(dtype) for leaf in leaves]
-            return jnp.stack(leaves)
-
-        stacked = jax.tree.map(stack, *states)
-        x, _ = jax.lax.scan(lambda x, state: (run(x, state), None), x, stacked)
+            run = jax.checkpoint(run, policy=REMAT_POLICIES[self.config.remat])
+        x, _ = jax.lax.scan(lambda x, s: (run(x, s), None), x, state,
+                            unroll=1 if self.config.scan_layers else True)
         return x
 
     def __call__(self, tokens: jax.Array, positions: jax.Array,
@@ -601,16 +619,16 @@ class Qwen2Model(nnx.Module):
         x = self._constrain(self.embed_tokens(tokens))  # [B, T, E]
 
         if cache is None:
-            causal = jnp.tril(jnp.ones((t, t), bool))  # [T, S=T]
-            attn_mask = causal[None] & mask[:, None, :]  # [B, T, T]
-            index, kv, new_cache = None, [None] * len(self.layers), None
+            if rows is None:
+                return self.norm(self._layers_no_cache(x, positions, mask_causal(mask))), None
+            attn_mask, index, kv = mask_causal(mask), None, None
         else:
             index = cache.index
             valid = jax.lax.dynamic_update_slice(cache.valid, mask, (0, index))  # [B, S]
             slots = jnp.arange(cache.size)  # [S]
             query_slot = index + jnp.arange(t)  # [T]
             attn_mask = (slots[None, :] <= query_slot[:, None])[None] & valid[:, None, :]
-            kv = list(zip(cache.k, cache.v, strict=True))
+            kv = (cache.k, cache.v)  # [L, B, K, D, S], [L, B, K, S, D]
 
         blocks = last_blocks = 1
         if cache is not None:
@@ -618,27 +636,38 @@ class Qwen2Model(nnx.Module):
             blocks = attention_blocks(self.config, b, t, cache.size, shards)
             last_blocks = blocks if rows is None else attention_blocks(
                 self.config, b, 1, cache.size, shards)
-        if cache is None and rows is None:
-            return self.norm(self._layers_no_cache(x, positions, attn_mask)), None
 
-        new_kv = []
-        for i, (layer, layer_cache) in enumerate(zip(self.layers, kv, strict=True)):
-            last = i == len(self.layers) - 1
-            x, layer_cache = layer(x, positions, attn_mask, layer_cache, index,
-                                   last_blocks if last else blocks, rows if last else None)
-            x = self._constrain(x)
-            new_kv.append(layer_cache)
+        graphdef, state = nnx.split(self.layers)
+        n = self.config.num_hidden_layers
 
+        def run(i, x, kv, block_count, only_rows):
+            layer_cache = None if kv is None else (*kv, i)
+            x, layer_cache = layer_at(graphdef, state, i)(
+                x, positions, attn_mask, layer_cache, index, block_count, only_rows)
+            return self._constrain(x), None if kv is None else layer_cache[:2]
+
+        last = n if rows is None else n - 1  # with rows, the last layer runs on its own
+        x, kv = jax.lax.fori_loop(0, last, lambda i, c: run(i, *c, blocks, None), (x, kv))
+        if rows is not None:
+            x, kv = run(jnp.int32(n - 1), x, kv, last_blocks, rows)
+
+        new_cache = None
         if cache is not None:
             new_cache = KVCache(
-                k=tuple(k for k, _ in new_kv),
-                v=tuple(v for _, v in new_kv),
+                k=kv[0],
+                v=kv[1],
                 valid=valid,
                 index=(index + t).astype(jnp.int32),
                 lengths=(cache.lengths + mask.sum(axis=1)).astype(jnp.int32),
             )
 
         return self.norm(x), new_cache
+
+
+def mask_causal(mask: jax.Array) -> jax.Array:
+    """``[B, T]`` real-token mask -> ``[B, T, T]``: query t may see real tokens at or before t."""
+    t = mask.shape[1]
+    return jnp.tril(jnp.ones((t, t), bool))[None] & mask[:, None, :]
 
 
 class Qwen2ForCausalLM(nnx.Module):

@@ -1,10 +1,12 @@
 """Hugging Face Qwen2 checkpoint folders <-> the NNX model, both ways.
 
-Parameters keep the Hugging Face names and layouts (see ``qwen.py``), so the mapping is the
-identity: NNX path ``("model", "layers", 0, "mlp", "up_proj", "weight")`` is the safetensors
-key ``model.layers.0.mlp.up_proj.weight``. Only safetensors are read (never pickle), through
+Parameters keep the Hugging Face names and layouts (see ``qwen.py``); the decoder layers are
+stacked, so the safetensors key ``model.layers.3.mlp.up_proj.weight`` is row 3 of the NNX
+variable ``("model", "layers", "mlp", "up_proj", "weight")`` ``[L, F, E]``, and every other key
+is its NNX path joined by dots. Only safetensors are read (never pickle), through
 ``safetensors.safe_open(..., framework="numpy")``, which reads each tensor out of a memory map
-one at a time, so a sharded load never holds more than one host copy of one tensor.
+one at a time; the host holds at most one stacked variable (all layers of one weight) while
+it is placed on the devices.
 """
 
 from __future__ import annotations
@@ -33,6 +35,20 @@ class CheckpointError(ValueError):
 
 def _path_key(path) -> str:
     return ".".join(str(p) for p in path)
+
+
+def _stacked(path) -> bool:
+    """Whether an NNX variable path is one of the stacked decoder layers' ``[L, ...]``."""
+    return tuple(path[:2]) == ("model", "layers")
+
+
+def _hf_keys(path, num_layers: int) -> list[str]:
+    """The checkpoint keys of one NNX variable: one per layer for the stacked decoder layers
+    (``model.layers.<i>.<rest>``), else its dotted path."""
+    if _stacked(path):
+        rest = _path_key(path[2:])
+        return [f"model.layers.{i}.{rest}" for i in range(num_layers)]
+    return [_path_key(path)]
 
 
 def load_config(path: str | os.PathLike, *, dtype=jnp.float32, param_dtype=None,
@@ -105,7 +121,9 @@ def from_pretrained(
     abstract = nnx.eval_shape(lambda: Qwen2ForCausalLM(config, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
     flat = nnx.to_flat_state(state)
-    expected = {_path_key(p): var for p, var in flat}
+    n = config.num_hidden_layers
+    keys = {tuple(p): _hf_keys(p, n) for p, _ in flat}
+    expected = {k: var for p, var in flat for k in keys[tuple(p)]}
 
     present = {k for k in files if not k.endswith(_IGNORED_SUFFIXES)}
     if config.tie_word_embeddings:
@@ -122,31 +140,37 @@ def from_pretrained(
     shardings = param_shardings(state, mesh) if mesh is not None else None
     flat_shardings = dict(nnx.to_flat_state(shardings)) if shardings is not None else {}
 
-    by_file: dict[Path, list[str]] = {}
-    for k in expected:
-        by_file.setdefault(files[k], []).append(k)
-    values = {}
-    for f, keys in by_file.items():
-        with safe_open(f, framework="numpy") as fh:
-            for k in keys:
-                arr = fh.get_tensor(k)
-                var = expected[k]
-                if tuple(arr.shape) != tuple(var.shape):
-                    raise CheckpointError(
-                        f"{path}: shape mismatch for {k}: checkpoint {tuple(arr.shape)}, "
-                        f"model {tuple(var.shape)}"
-                    )
-                arr = arr.astype(jnp.dtype(config.param_dtype))
-                p = tuple(int(x) if x.isdigit() else x for x in k.split("."))
-                if mesh is not None:
-                    sh = flat_shardings[p]
-                    sh = sh.value if isinstance(sh, nnx.Variable) else sh
-                    values[p] = jax.device_put(arr, sh)
-                else:
-                    values[p] = jnp.asarray(arr)
+    handles = {}
+    try:
+        for f in sorted(set(files[k] for k in expected), key=str):
+            handles[f] = safe_open(f, framework="numpy")
 
-    for p, var in flat:
-        var.set_value(values[tuple(p)])
+        def read(k: str, shape) -> np.ndarray:
+            arr = handles[files[k]].get_tensor(k)
+            if tuple(arr.shape) != tuple(shape):
+                raise CheckpointError(f"{path}: shape mismatch for {k}: checkpoint "
+                                      f"{tuple(arr.shape)}, model {tuple(shape)}")
+            return arr.astype(jnp.dtype(config.param_dtype))
+
+        for p, var in flat:
+            p = tuple(p)
+            names = keys[p]
+            if not _stacked(p):
+                arr = read(names[0], var.shape)
+            else:  # the layers into one host array
+                arr = np.empty(var.shape, jnp.dtype(config.param_dtype))
+                for i, k in enumerate(names):
+                    arr[i] = read(k, var.shape[1:])
+            if mesh is not None:
+                sh = flat_shardings[p]
+                sh = sh.value if isinstance(sh, nnx.Variable) else sh
+                var.set_value(jax.device_put(arr, sh))
+            else:
+                var.set_value(jnp.asarray(arr))
+            del arr
+    finally:
+        handles.clear()
+
     model = nnx.merge(graphdef, nnx.from_flat_state(flat))
     if mesh is not None:
         model.model.activation_sharding = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
@@ -175,7 +199,11 @@ def save_pretrained(model: Qwen2ForCausalLM, path: str | os.PathLike, *, dtype=N
     config = model.config.replace(param_dtype=jnp.dtype(dtype or model.config.param_dtype))
     tensors = {}
     for p, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-        array = jax.device_get(var[...].astype(config.param_dtype))
-        tensors[_path_key(p)] = np.ascontiguousarray(array)
+        array = np.asarray(jax.device_get(var[...].astype(config.param_dtype)))
+        names = _hf_keys(p, config.num_hidden_layers)
+        if not _stacked(p):
+            tensors[names[0]] = np.ascontiguousarray(array)
+        else:
+            tensors.update((k, np.ascontiguousarray(array[i])) for i, k in enumerate(names))
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
     (path / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2) + "\n")

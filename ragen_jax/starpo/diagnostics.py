@@ -105,9 +105,7 @@ def _encode_inputs(model, x_ids, x_real, size):
 @nnx.jit
 def _pair_scores(model, cache, first_logp, x_len, column, z_ids, z_real):
     """``sum_t log p(z_t | x, z_<t)`` for pairs ``(z_ids[r], input column[r])``: [R]."""
-    pair_cache = cache.replace(k=tuple(k[column] for k in cache.k),
-                               v=tuple(v[column] for v in cache.v),
-                               valid=cache.valid[column], lengths=cache.lengths[column])
+    pair_cache = cache.take(column)
     start = x_len[column]  # [R] the first position of z
     positions = start[:, None] + jnp.arange(z_ids.shape[1], dtype=jnp.int32)[None]  # [R, Lz]
     hidden, _ = model.model(z_ids, positions, z_real, pair_cache)  # [R, Lz, E]

@@ -92,7 +92,7 @@ def test_bfloat16_close_to_float32(make_hf):
     pos = jnp.broadcast_to(jnp.arange(8), (2, 8))
     f32, _ = from_pretrained(folder)(tokens, pos)
     m16 = from_pretrained(folder, dtype=jnp.bfloat16)
-    assert m16.model.layers[0].mlp.up_proj.weight[...].dtype == jnp.bfloat16
+    assert m16.model.layers.mlp.up_proj.weight[...].dtype == jnp.bfloat16
     b16, _ = m16(tokens, pos)
     assert b16.dtype == jnp.float32
     assert np.abs(np.asarray(b16) - np.asarray(f32)).max() < 0.05

@@ -41,7 +41,7 @@ SCRIPT = textwrap.dedent(
     batch = NamedSharding(mesh, P(("data", "fsdp")))
     args = [jax.device_put(x, batch) for x in (tokens, pos, mask)]
     for m in (shard_model(model, mesh), from_pretrained(sys.argv[1], mesh=mesh)):
-        w = m.model.layers[0].self_attn.q_proj.weight[...]
+        w = m.model.layers.self_attn.q_proj.weight[...][0]
         assert w.sharding.spec == P("tensor", "fsdp"), w.sharding
         assert len(w.addressable_shards) == 8 and w.addressable_shards[0].data.shape == (32, 32)
         out = fwd(*nnx.split(m), *args)
