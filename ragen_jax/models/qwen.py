@@ -7,7 +7,10 @@ axis ``L``, so the checkpoint key ``model.layers.3.self_attn.q_proj.weight`` is 
 NNX variable ``("model", "layers", "self_attn", "q_proj", "weight")`` of shape ``[L, out, in]``
 (``weights.py`` stacks and unstacks). The layers then run as one loop over that axis
 (``lax.scan`` for training, ``lax.fori_loop`` with a cache), so compile time and the
-optimizer's program do not grow with depth.
+optimizer's program do not grow with depth. The sampler decodes from ``compute_copy(model)``,
+whose layers are separate modules again (``per_layer``) with a per-layer KV cache: XLA:CPU
+copies a layer's weights out of the stacked variable before each matmul of the loop, which
+made batch-1 decoding of the 0.5B shape 2.2x slower; as separate arrays they are read in place.
 
 Shapes in comments use: B batch, T new tokens in this call, S key/value slots (T without a
 cache, the cache size with one), E hidden size, H query heads, K key/value heads, G = H // K,
@@ -254,20 +257,30 @@ class KVCache:
     # leading), and keys transposed (slots last) so both products contract over a non-minor
     # dimension: q.k over D of [D, S], p.v over S of [S, D]. A [B, S, K, D] layout made XLA
     # CPU transpose the whole cache every step; keys as [S, D] made decode's q.k 5-10x slower.
-    k: jax.Array  # [L, B, K, D, S], stacked over layers like the weights
-    v: jax.Array  # [L, B, K, S, D]
+    # Stacked [L, B, K, D, S] / [L, B, K, S, D] for a model with stacked layers, a tuple of
+    # per-layer [B, K, D, S] / [B, K, S, D] for one with separate layers (``per_layer``).
+    k: jax.Array | tuple[jax.Array, ...]
+    v: jax.Array | tuple[jax.Array, ...]
     valid: jax.Array  # [B, S] bool: slot holds a real token
     index: jax.Array  # [] int32: next slot to write (shared by the batch)
     lengths: jax.Array  # [B] int32: real tokens so far, i.e. the next position id
 
     @classmethod
-    def init(cls, config: QwenConfig, batch: int, size: int, dtype=None) -> KVCache:
-        """An empty cache of ``size`` slots. ``dtype`` defaults to the compute dtype."""
+    def init(cls, config: QwenConfig, batch: int, size: int, dtype=None, *,
+             stacked: bool = True) -> KVCache:
+        """An empty cache of ``size`` slots, in the layout of a model whose layers are
+        ``stacked`` (else a tuple per layer). ``dtype`` defaults to the compute dtype."""
         dtype = dtype or config.dtype
         n, kv, d = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
+        k_shape, v_shape = (batch, kv, d, size), (batch, kv, size, d)
+        if stacked:
+            k, v = jnp.zeros((n, *k_shape), dtype), jnp.zeros((n, *v_shape), dtype)
+        else:
+            k = tuple(jnp.zeros(k_shape, dtype) for _ in range(n))
+            v = tuple(jnp.zeros(v_shape, dtype) for _ in range(n))
         return cls(
-            k=jnp.zeros((n, batch, kv, d, size), dtype),
-            v=jnp.zeros((n, batch, kv, size, d), dtype),
+            k=k,
+            v=v,
             valid=jnp.zeros((batch, size), bool),
             index=jnp.zeros((), jnp.int32),
             lengths=jnp.zeros((batch,), jnp.int32),
@@ -283,8 +296,9 @@ class KVCache:
 
     def take(self, rows: jax.Array) -> KVCache:
         """The cache of batch rows ``rows [R]`` (a gather: rows may repeat)."""
-        return self.replace(k=self.k[:, rows], v=self.v[:, rows], valid=self.valid[rows],
-                            lengths=self.lengths[rows])
+        take = lambda x: jnp.take(x, rows, axis=-4)  # noqa: E731  (B is 4th from the end)
+        return self.replace(k=jax.tree.map(take, self.k), v=jax.tree.map(take, self.v),
+                            valid=self.valid[rows], lengths=self.lengths[rows])
 
     def grow(self, size: int) -> KVCache:
         """A copy with ``size`` slots (>= the current size); new slots are empty."""
@@ -293,9 +307,11 @@ class KVCache:
             raise ValueError(f"cannot shrink a cache of {self.size} slots to {size}")
         if extra == 0:
             return self
+        pad_k = lambda x: jnp.pad(x, ((0, 0),) * (x.ndim - 1) + ((0, extra),))  # noqa: E731
+        pad_v = lambda x: jnp.pad(x, ((0, 0),) * (x.ndim - 2) + ((0, extra), (0, 0)))  # noqa: E731
         return self.replace(
-            k=jnp.pad(self.k, ((0, 0),) * 4 + ((0, extra),)),
-            v=jnp.pad(self.v, ((0, 0),) * 3 + ((0, extra), (0, 0))),
+            k=jax.tree.map(pad_k, self.k),
+            v=jax.tree.map(pad_v, self.v),
             valid=jnp.pad(self.valid, ((0, 0), (0, extra))),
         )
 
@@ -420,9 +436,10 @@ class Qwen2Attention(nnx.Module):
         """x [B, T, E]; attn_mask [B, T, S] bool (True = may attend).
 
         Without a cache, S = T and keys are this call's tokens. With ``layer_cache = (k, v,
-        layer)``, the stacked cache [L, B, K, D, S], [L, B, K, S, D] and this layer's index,
-        the new keys/values are written at slot ``index`` of row ``layer`` in place, and the
-        updated ``(k, v, layer)`` is returned. ``blocks`` > 1 computes attention
+        layer)``: ``layer`` None and this layer's cache [B, K, D, S], [B, K, S, D], or the
+        stacked cache [L, B, K, D, S], [L, B, K, S, D] and this layer's index; the new
+        keys/values are written at slot ``index`` in place, and the updated
+        ``(k, v, layer)`` is returned. ``blocks`` > 1 computes attention
         over that many blocks of batch rows, one after the other (see ``attend``). With
         ``rows`` [B], keys and values come from all T tokens but only token ``rows[b]`` of
         each row queries: the output is [B, 1, E].
@@ -439,12 +456,18 @@ class Qwen2Attention(nnx.Module):
         q = self.q_proj(x).reshape(b, t, c.num_attention_heads, c.head_dim)  # [B, T, H, D]
         q = rope(q, positions, c.rope_theta)
         if layer_cache is not None:
-            ck, cv, layer = layer_cache  # [L, B, K, D, S], [L, B, K, S, D], []
-            ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (layer, 0, 0, 0, index))
-            cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (layer, 0, 0, index, 0))
+            ck, cv, layer = layer_cache
+            if layer is None:  # this layer's own cache [B, K, D, S], [B, K, S, D]
+                ck = k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, 0, 0, index))
+                cv = v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, index, 0))
+            else:  # the stacked cache [L, B, K, D, S], [L, B, K, S, D]
+                ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype),
+                                                  (layer, 0, 0, 0, index))
+                cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype),
+                                                  (layer, 0, 0, index, 0))
+                k = jax.lax.dynamic_index_in_dim(ck, layer, keepdims=False)  # [B, K, D, S]
+                v = jax.lax.dynamic_index_in_dim(cv, layer, keepdims=False)  # [B, K, S, D]
             layer_cache = (ck, cv, layer)
-            k = jax.lax.dynamic_index_in_dim(ck, layer, keepdims=False)  # [B, K, D, S]
-            v = jax.lax.dynamic_index_in_dim(cv, layer, keepdims=False)  # [B, K, S, D]
         groups = c.num_attention_heads // c.num_key_value_heads
         q = q.reshape(b, t, c.num_key_value_heads, groups, c.head_dim)
         q = q.transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
@@ -551,8 +574,26 @@ def stack_layers(layers: list[nnx.Module]) -> nnx.Module:
         spec = None if spec is None else (None, *spec)
         return vs[0].replace(jnp.stack([v[...] for v in vs]), out_sharding=spec)
 
-    is_var = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
-    return nnx.merge(graphdef, jax.tree.map(stack, *states, is_leaf=is_var))
+    return nnx.merge(graphdef, jax.tree.map(stack, *states, is_leaf=_is_var))
+
+
+def unstack_layers(stacked: nnx.Module, n: int) -> nnx.List:
+    """The inverse of ``stack_layers``: ``n`` separate modules, row ``i`` of every variable
+    (partition specs without the layer axis)."""
+    graphdef, state = nnx.split(stacked)
+
+    def row(i):
+        def one(v):
+            spec = v.get_metadata().get("out_sharding")
+            return v.replace(v[...][i], out_sharding=None if spec is None else tuple(spec[1:]))
+
+        return nnx.merge(graphdef, jax.tree.map(one, state, is_leaf=_is_var))
+
+    return nnx.List([row(i) for i in range(n)])
+
+
+def _is_var(x) -> bool:
+    return isinstance(x, nnx.Variable)
 
 
 def layer_at(graphdef, state, i) -> nnx.Module:
@@ -565,7 +606,9 @@ def layer_at(graphdef, state, i) -> nnx.Module:
 class Qwen2Model(nnx.Module):
     """Embedding, decoder layers and the final norm. The layers are one stacked
     ``Qwen2DecoderLayer`` (leading layer axis on every variable, see the module docstring),
-    run by ``lax.scan`` without a cache and ``lax.fori_loop`` over the stacked cache with one."""
+    run by ``lax.scan`` without a cache and ``lax.fori_loop`` over the stacked cache with one;
+    after ``per_layer`` they are an ``nnx.List`` of layers run by a Python loop (unrolled
+    under jit) with a per-layer cache."""
 
     def __init__(self, config: QwenConfig, *, rngs: nnx.Rngs):
         self.config = config
@@ -576,6 +619,11 @@ class Qwen2Model(nnx.Module):
         # Set by ``shard_model``: keeps activations [B, T, E] split over the batch axes, as
         # MaxText's activation constraints do; without it XLA may replicate them.
         self.activation_sharding = None
+
+    @property
+    def stacked(self) -> bool:
+        """Whether the layers are stored stacked (else an ``nnx.List``, see ``per_layer``)."""
+        return not isinstance(self.layers, nnx.List)
 
     def _batch_shards(self) -> int:
         """How many ways ``activation_sharding`` splits the batch (1 without a mesh)."""
@@ -595,7 +643,8 @@ class Qwen2Model(nnx.Module):
         """All layers on ``x [B, T, E]`` without a cache (training, scoring): one ``lax.scan``
         over the stacked layer variables (unrolled unless ``config.scan_layers``), each layer
         under the ``config.remat`` policy. Gradients come back stacked, like the weights."""
-        graphdef, state = nnx.split(self.layers)
+        layers = [self.layers] if self.stacked else list(self.layers)
+        graphdef = nnx.graphdef(layers[0])
 
         def run(x, layer_state):
             x, _ = nnx.merge(graphdef, layer_state)(x, positions, attn_mask)
@@ -603,7 +652,11 @@ class Qwen2Model(nnx.Module):
 
         if self.config.remat != "none":
             run = jax.checkpoint(run, policy=REMAT_POLICIES[self.config.remat])
-        x, _ = jax.lax.scan(lambda x, s: (run(x, s), None), x, state,
+        if not self.stacked:
+            for layer in layers:
+                x = run(x, nnx.state(layer))
+            return x
+        x, _ = jax.lax.scan(lambda x, s: (run(x, s), None), x, nnx.state(self.layers),
                             unroll=1 if self.config.scan_layers else True)
         return x
 
@@ -637,19 +690,31 @@ class Qwen2Model(nnx.Module):
             last_blocks = blocks if rows is None else attention_blocks(
                 self.config, b, 1, cache.size, shards)
 
-        graphdef, state = nnx.split(self.layers)
         n = self.config.num_hidden_layers
-
-        def run(i, x, kv, block_count, only_rows):
-            layer_cache = None if kv is None else (*kv, i)
-            x, layer_cache = layer_at(graphdef, state, i)(
-                x, positions, attn_mask, layer_cache, index, block_count, only_rows)
-            return self._constrain(x), None if kv is None else layer_cache[:2]
-
         last = n if rows is None else n - 1  # with rows, the last layer runs on its own
-        x, kv = jax.lax.fori_loop(0, last, lambda i, c: run(i, *c, blocks, None), (x, kv))
-        if rows is not None:
-            x, kv = run(jnp.int32(n - 1), x, kv, last_blocks, rows)
+        if self.stacked:
+            graphdef, state = nnx.split(self.layers)
+
+            def run(i, x, kv, block_count, only_rows):
+                layer_cache = None if kv is None else (*kv, i)
+                x, layer_cache = layer_at(graphdef, state, i)(
+                    x, positions, attn_mask, layer_cache, index, block_count, only_rows)
+                return self._constrain(x), None if kv is None else layer_cache[:2]
+
+            x, kv = jax.lax.fori_loop(0, last, lambda i, c: run(i, *c, blocks, None), (x, kv))
+            if rows is not None:
+                x, kv = run(jnp.int32(n - 1), x, kv, last_blocks, rows)
+        else:
+            ks, vs = (list(kv[0]), list(kv[1])) if kv is not None else ([None] * n, [None] * n)
+            for i, layer in enumerate(self.layers):
+                final = i == n - 1 and rows is not None
+                layer_cache = None if kv is None else (ks[i], vs[i], None)
+                x, layer_cache = layer(x, positions, attn_mask, layer_cache, index,
+                                       last_blocks if final else blocks, rows if final else None)
+                x = self._constrain(x)
+                if kv is not None:
+                    ks[i], vs[i], _ = layer_cache
+            kv = None if kv is None else (tuple(ks), tuple(vs))
 
         new_cache = None
         if cache is not None:
@@ -683,7 +748,8 @@ class Qwen2ForCausalLM(nnx.Module):
                                   spec=("tensor", "fsdp"), config=config, rngs=rngs)
 
     def init_cache(self, batch: int, size: int, dtype=None) -> KVCache:
-        return KVCache.init(self.config, batch, size, dtype)
+        """An empty cache in this model's layout (stacked or per layer)."""
+        return KVCache.init(self.config, batch, size, dtype, stacked=self.model.stacked)
 
     def __call__(
         self,
@@ -780,20 +846,31 @@ def param_shardings(state, mesh: Mesh):
     return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
-def compute_copy(model: nnx.Module) -> nnx.Module:
-    """``model`` with its floating-point variables stored in the compute dtype
-    (``config.dtype``), as a new module sharing nothing mutable; ``model`` itself when the
-    two dtypes agree. The sampler runs on this copy: decoding is bound by reading the
-    weights, so float32 master weights cast on every step would read twice the bytes."""
-    dtype = model.config.dtype
-    if jnp.dtype(model.config.param_dtype) == jnp.dtype(dtype):
+def per_layer(model: nnx.Module) -> nnx.Module:
+    """``model`` with its decoder layers as separate modules (``nnx.List``), as a new module
+    sharing nothing mutable; ``model`` itself if they already are. The decoding layout: see
+    the module docstring. Its caches are tuples per layer (``init_cache``)."""
+    if not model.model.stacked:
         return model
-    graphdef, state = nnx.split(model)
-    state = jax.tree.map(
-        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
-    copy = nnx.merge(graphdef, state)
-    copy.config = copy.model.config = model.config.replace(param_dtype=dtype)
+    copy = nnx.merge(*nnx.split(model))
+    copy.model.layers = unstack_layers(copy.model.layers, model.config.num_hidden_layers)
     return copy
+
+
+def compute_copy(model: nnx.Module) -> nnx.Module:
+    """The sampler's copy of ``model``: its floating-point variables in the compute dtype
+    (``config.dtype``) and its layers ``per_layer``, as a new module sharing nothing mutable
+    (``model`` itself when it already is both). Decoding is bound by reading the weights, so
+    float32 master weights cast on every step would read twice the bytes."""
+    dtype = model.config.dtype
+    if jnp.dtype(model.config.param_dtype) != jnp.dtype(dtype):
+        graphdef, state = nnx.split(model)
+        state = jax.tree.map(
+            lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
+        cast = nnx.merge(graphdef, state)
+        cast.config = cast.model.config = model.config.replace(param_dtype=dtype)
+        model = cast
+    return per_layer(model)
 
 
 def shard_model(model: Qwen2ForCausalLM, mesh: Mesh) -> Qwen2ForCausalLM:

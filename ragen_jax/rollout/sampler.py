@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ragen_jax.models.qwen import KVCache, Qwen2ForCausalLM, positions_from_mask
+from ragen_jax.models.qwen import KVCache, Qwen2ForCausalLM, per_layer, positions_from_mask
 
 _NEG_INF = float("-inf")
 
@@ -215,12 +215,13 @@ class Sampler:
 
     The model is split once into graph definition and parameter state, so parameters are
     jit arguments (not constants baked into the program). Call ``update(model)`` after a
-    training step to sample from new weights without recompiling.
+    training step to sample from new weights without recompiling. A model with stacked
+    layers is first copied ``per_layer`` (the decoding layout; ``compute_copy`` already is).
     """
 
     def __init__(self, model: Qwen2ForCausalLM, *, pad_id: int = 0, min_bucket: int = 16,
                  bucket_multiple: int | None = None):
-        self.graphdef, self.state = nnx.split(model)
+        self.graphdef, self.state = nnx.split(per_layer(model))
         self.config = model.config
         self.pad_id = int(pad_id)
         self.min_bucket = int(min_bucket)
@@ -228,7 +229,7 @@ class Sampler:
 
     def update(self, model: Qwen2ForCausalLM) -> None:
         """Uses ``model``'s current parameters from now on."""
-        self.graphdef, self.state = nnx.split(model)
+        self.graphdef, self.state = nnx.split(per_layer(model))
 
     def __call__(
         self,
@@ -267,7 +268,7 @@ class Sampler:
         b, p = tokens.shape
         n = params.max_new_tokens
         if cache is None:
-            cache = KVCache.init(self.config, b, p + n)
+            cache = KVCache.init(self.config, b, p + n, stacked=False)
         else:
             if cache.batch != b:
                 raise ValueError(f"cache batch {cache.batch} != prompt batch {b}")

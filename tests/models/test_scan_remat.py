@@ -12,6 +12,7 @@ from flax import nnx
 
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig, compute_copy
 from ragen_jax.models.lora import add_lora
+from ragen_jax.models.qwen import per_layer
 
 CFG = QwenConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                  num_attention_heads=4, num_key_value_heads=2)
@@ -58,6 +59,27 @@ def test_scanned_forward_equals_the_cached_path():
     np.testing.assert_allclose(np.asarray(full), np.asarray(cached), atol=1e-5)
 
 
+@pytest.mark.parametrize("cached", [False, True])
+def test_per_layer_layout_equals_the_stacked_model(cached):
+    """The sampler's layout (separate layers, a per-layer cache) computes what the stacked
+    layers do, with and without a cache, and holds row i of every stacked variable."""
+    model = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
+    split = per_layer(model)
+    assert model.model.stacked and not split.model.stacked and len(split.model.layers) == CFG.num_hidden_layers
+    np.testing.assert_array_equal(np.asarray(split.model.layers[1].mlp.up_proj.weight[...]),
+                                  np.asarray(model.model.layers.mlp.up_proj.weight[...][1]))
+    ids = jax.random.randint(jax.random.key(4), (B, T), 0, CFG.vocab_size)
+    pos = jnp.broadcast_to(jnp.arange(T), (B, T))
+    if cached:
+        a, cache_a = model(ids, pos, None, model.init_cache(B, T + 4))
+        b, cache_b = split(ids, pos, None, split.init_cache(B, T + 4))
+        assert isinstance(cache_b.k, tuple) and cache_a.k.shape == (CFG.num_hidden_layers, *cache_b.k[0].shape)
+        np.testing.assert_allclose(np.asarray(cache_a.k), np.stack(cache_b.k), atol=1e-5)
+    else:
+        a, b = model(ids, pos)[0], split(ids, pos)[0]
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
 def test_bf16_compute_on_float32_storage_equals_a_bf16_copy():
     """Casting float32 master weights on the fly (training) and sampling from the stored bf16
     copy (``compute_copy``) compute the same thing."""
@@ -65,9 +87,10 @@ def test_bf16_compute_on_float32_storage_equals_a_bf16_copy():
     model = Qwen2ForCausalLM(config, rngs=nnx.Rngs(0))
     copy = compute_copy(model)
     assert copy is not model and copy.config.param_dtype == jnp.bfloat16
-    assert compute_copy(copy) is copy  # nothing to cast
+    assert not copy.model.stacked and compute_copy(copy) is copy  # nothing to cast or unstack
     ids = jax.random.randint(jax.random.key(3), (B, T), 0, CFG.vocab_size)
     pos = jnp.broadcast_to(jnp.arange(T), (B, T))
-    np.testing.assert_array_equal(np.asarray(model(ids, pos)[0]), np.asarray(copy(ids, pos)[0]))
+    on_the_fly = per_layer(model)  # the same layer loop, float32 weights cast per use
+    np.testing.assert_array_equal(np.asarray(on_the_fly(ids, pos)[0]), np.asarray(copy(ids, pos)[0]))
     with pytest.raises(ValueError, match="remat"):
         CFG.replace(remat="sometimes")
