@@ -21,25 +21,29 @@ sys.path.insert(0, str(ROOT))  # so config files can `from configs import base`
 
 
 def main(argv: list[str]) -> None:
-    from ragen_jax.config import load_config
+    from ragen_jax.config import load_config, use_run_snapshot
 
     try:
         config = load_config(argv[1:], prog="launch.py", default=str(ROOT / "configs/sokoban.py"))
+        config = use_run_snapshot(config)  # resuming a run whose model folder has moved
         from ragen_jax import distributed, schema
+        from ragen_jax.train_state import check_model_folder
 
         run_config = schema.from_config_dict(config)  # every field checked, one-line errors
+        check_model_folder(run_config.model)  # config.json, architecture, tokenizer files
         distributed.initialize(run_config.distributed)  # before anything starts JAX's backend
-    except ValueError as e:
+    except ValueError as e:  # also CheckpointError, a ValueError
         raise SystemExit(f"launch.py: {e}") from None
     import jax
 
     from ragen_jax import train
+    from ragen_jax.models import CheckpointError
 
     if jax.process_index() == 0:
-        print(config, flush=True)
+        print(schema.config_for_print(run_config), flush=True)
     try:
         summary = train.run(run_config)
-    except (schema.ConfigError, FileNotFoundError) as e:
+    except (schema.ConfigError, CheckpointError, FileNotFoundError) as e:
         raise SystemExit(f"launch.py: {e}") from None
     if jax.process_index() != 0:
         return

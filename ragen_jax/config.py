@@ -11,6 +11,11 @@ overrides, so a misspelt field is an error, and ``ConfigDict``'s type checks rej
 ill-typed value; values are parsed as Python literals (``1e-5``, ``(8, 8)``, ``False``) or
 taken as strings. ``env.params`` and ``env.val_extra`` accept new keys (the env names the
 unknown ones). Every failure is one ``ValueError`` line naming the flag or field.
+
+A training run keeps a copy of its model folder's tokenizer and configs in
+``<output_dir>/model/`` (``models.hf_folder.snapshot``); ``use_run_snapshot`` points a config
+whose ``model.path`` no longer exists at that copy, so a run resumes, evaluates and exports
+after the original folder was moved (its trained weights are in the checkpoints).
 """
 
 from __future__ import annotations
@@ -85,12 +90,32 @@ def override(config: ConfigDict, field: str, text: str) -> None:
 
 
 def load_run_config(run_dir: str | Path) -> ConfigDict:
-    """The config a training run saved in ``run_dir/config.json``, pointed at ``run_dir``."""
+    """The config a training run saved in ``run_dir/config.json``, pointed at ``run_dir``
+    (and at its model snapshot if the model folder is gone, see ``use_run_snapshot``)."""
     file = Path(run_dir) / "config.json"
     if not file.is_file():
         raise FileNotFoundError(f"--checkpoint: {run_dir} is not a run folder (no config.json)")
     config = ConfigDict(json.loads(file.read_text()))
     config.trainer.output_dir = str(run_dir)
+    return use_run_snapshot(config)
+
+
+def run_folder(config: ConfigDict) -> Path:
+    """The run folder a config trains into (``schema.resolve``'s rule, on the raw dict)."""
+    return Path(config.trainer.output_dir or f"runs/{config.env.name}-{config.preset}")
+
+
+def use_run_snapshot(config: ConfigDict) -> ConfigDict:
+    """``config`` with ``model.path`` replaced by the run folder's model snapshot when the
+    folder it names does not exist and the snapshot does (a note goes to stderr)."""
+    from ragen_jax.models.hf_folder import is_snapshot
+
+    path = config.model.path
+    snap = run_folder(config) / "model"
+    if path and not Path(path).is_dir() and is_snapshot(snap):
+        print(f"note: model.path {path} is gone; using the run's copy of its tokenizer and "
+              f"configs in {snap} (the weights come from the checkpoint)", file=sys.stderr)
+        config.model.path = str(snap)
     return config
 
 

@@ -39,7 +39,7 @@ from ragen_jax.rollout.agent import AgentRollout, RolloutBatch, val_seeds
 from ragen_jax.rollout.sampler import Sampler
 from ragen_jax.schema import from_config_dict, resolve, to_config_dict
 from ragen_jax.train import build_envs, write_trajectories
-from ragen_jax.train_state import build_actor, load_policy, load_tokenizer
+from ragen_jax.train_state import build_actor, load_policy, load_tokenizer, stop_ids
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "sokoban.py"
 
@@ -56,7 +56,7 @@ def evaluate(config: ConfigDict, out: str | Path, *, checkpoint: str | None = No
         model_name = run.model.path or "tiny random model"
     cfg = resolve(run).rollout
     tag, (env, env_params) = next(iter(build_envs(run).items()))
-    rollout = AgentRollout(env, env_params, tok, cfg, tag=tag)
+    rollout = AgentRollout(env, env_params, tok, cfg, tag=tag, eos_ids=stop_ids(run.model))
     sampler = Sampler(compute_copy(model), pad_id=tok.pad_token_id or 0, bucket_multiple=cfg.pad_multiple)
     t0 = time.perf_counter()
     batch = rollout.collect(sampler, val_seeds(cfg), jax.random.key(run.seed),
@@ -64,6 +64,7 @@ def evaluate(config: ConfigDict, out: str | Path, *, checkpoint: str | None = No
     wall = time.perf_counter() - t0
     out = Path(out)
     summary = {"model": model_name, "env": run.env.name, "episodes": len(batch.trajectories),
+               "dtype": {"compute": run.model.dtype, "weights": run.model.param_dtype},
                "metrics": batch.metrics, "timing": {**batch.timing, "wall_s": wall},
                "config": to_config_dict(run).to_dict()}
     out.mkdir(parents=True, exist_ok=True)

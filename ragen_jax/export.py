@@ -5,9 +5,12 @@
 Reads the run's ``config.json`` (``--config.<field>=value`` overrides apply to it, e.g. a
 moved ``--config.model.path``) and the actor of its orbax checkpoint (the last one, or
 ``--step``) — no envs, samplers or optimizers are built — merges LoRA adapters into the
-base weights, and writes ``config.json``, ``model.safetensors`` and the tokenizer (with its
-chat template), which ``transformers.AutoModelForCausalLM`` / ``AutoTokenizer`` and vLLM load
-directly.
+base weights, and writes ``config.json`` (with ``torch_dtype``), ``model.safetensors``,
+``generation_config.json`` (the starting folder's, so its sampling defaults are kept, with
+every end-of-sequence id the run stopped on) and the tokenizer with its chat template, which
+``transformers.AutoModelForCausalLM`` / ``AutoTokenizer`` / ``GenerationConfig`` and vLLM
+load directly. The starting folder is not needed: a run keeps a copy of its tokenizer and
+configs (a LoRA run still reads the base weights from ``model.path``).
 
 The weights are written in ``--dtype`` (float32 | bfloat16); by default in the dtype the
 run's starting folder declares (bfloat16 for Qwen2.5), or the run's ``model.param_dtype``
@@ -25,11 +28,11 @@ from pathlib import Path
 from ml_collections import ConfigDict
 
 from ragen_jax.config import load_config, load_run_config
-from ragen_jax.models import CheckpointError, save_pretrained
+from ragen_jax.models import CheckpointError, hf_folder, save_pretrained
 from ragen_jax.models.lora import merge_lora
 from ragen_jax.models.weights import folder_dtype
 from ragen_jax.schema import DTYPES
-from ragen_jax.train_state import load_policy
+from ragen_jax.train_state import load_policy, stop_ids
 
 
 def export(run_dir: str | Path, out: str | Path, step: int | None = None,
@@ -46,6 +49,9 @@ def export(run_dir: str | Path, out: str | Path, step: int | None = None,
     out = Path(out)
     save_pretrained(actor, out, dtype=DTYPES[dtype])
     tok.save_pretrained(str(out))
+    eos = stop_ids(run.model) or (tok.eos_token_id,)
+    hf_folder.write_generation_config(out, eos, source=run.model.path or None,
+                                      bos=actor.config.bos_token_id, pad=tok.pad_token_id)
     (out / "ragen_jax_export.json").write_text(json.dumps({"run": str(run_dir), "step": step}) + "\n")
     return out
 

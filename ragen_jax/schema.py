@@ -7,7 +7,8 @@ one-line comment that is the user documentation. ``configs/base.py`` builds the
 (``to_config_dict``); the library reads a ConfigDict back into a ``RunConfig``
 (``from_config_dict``), which checks every field's type, and ``resolve`` turns it into the
 settings the pieces consume, computing each derived value in one place (``Resolved``, which
-``describe`` prints at the start of a run).
+``describe`` prints at the start of a run). ``config_for_print`` is the config as a run
+prints it, without the settings that do not apply to it.
 
 Sections whose settings belong to one library module live there: ``config.rollout`` is
 ``rollout.RolloutConfig``, ``config.filter`` is ``starpo.filtering.FilterConfig``.
@@ -16,6 +17,7 @@ Sections whose settings belong to one library module live there: ``config.rollou
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import types
 import typing
@@ -51,6 +53,11 @@ def _at_least(section: str, obj: Any, names: tuple[str, ...], low: int) -> None:
             raise ConfigError(f"{section}.{n} must be >= {low}, got {getattr(obj, n)}")
 
 
+# ModelConfig fields that only shape the tiny random model (a folder's config.json decides).
+TINY_ONLY_FIELDS = ("hidden_size", "num_hidden_layers", "intermediate_size",
+                    "num_attention_heads", "num_key_value_heads")
+
+
 @frozen
 class ModelConfig:
     path: str = ""  # local Hugging Face Qwen2/Qwen2.5 folder; "" = the tiny random model
@@ -70,8 +77,7 @@ class ModelConfig:
         _choice("model.dtype", self.dtype, tuple(DTYPES))
         _choice("model.param_dtype", self.param_dtype, tuple(DTYPES))
         _choice("model.remat", self.remat, tuple(REMAT_POLICIES))
-        _at_least("model", self, ("hidden_size", "num_hidden_layers", "intermediate_size",
-                                  "num_attention_heads", "num_key_value_heads"), 1)
+        _at_least("model", self, TINY_ONLY_FIELDS, 1)
         _at_least("model", self, ("lora_rank",), 0)
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(f"model.hidden_size={self.hidden_size} is not a multiple of "
@@ -275,6 +281,34 @@ def to_config_dict(run: RunConfig | None = None) -> ConfigDict:
         else:
             out[f.name] = value
     return out
+
+
+def config_for_print(run: RunConfig) -> str:
+    """``run`` rendered as ``print(ConfigDict)`` renders its ConfigDict (YAML, sorted keys),
+    but showing only what the run uses: with ``model.path`` set, the tiny-model fields
+    (``TINY_ONLY_FIELDS``) are replaced by one ``model.architecture`` line naming the
+    folder's ``config.json`` (with its values of those fields when it is readable)."""
+    config = to_config_dict(run)
+    if not run.model.path:
+        return str(config)
+    for name in TINY_ONLY_FIELDS:
+        del config.model[name]
+    lines = str(config).splitlines()
+    at = lines.index("model:") + 1  # "architecture" sorts first in the section
+    lines.insert(at, f"  architecture: {_folder_architecture(run.model.path)}")
+    return "\n".join(lines) + "\n"
+
+
+def _folder_architecture(path: str) -> str:
+    """``<path>/config.json``, followed by its tiny-field values when the file reads."""
+    file = Path(path) / "config.json"
+    try:
+        found = json.loads(file.read_text())
+    except (OSError, ValueError):
+        found = {}
+    values = ", ".join(f"{k}={found[k]}" for k in TINY_ONLY_FIELDS
+                       if isinstance(found, dict) and k in found)
+    return f"from {file}" + (f" ({values})" if values else "")
 
 
 def from_config_dict(config: ConfigDict | dict) -> RunConfig:

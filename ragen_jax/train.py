@@ -32,10 +32,11 @@ from ml_collections import ConfigDict
 from ragen_jax import distributed as dist
 from ragen_jax.checkpoint import CheckpointStore
 from ragen_jax.collapse_monitor import CollapseMonitor
+from ragen_jax.config import use_run_snapshot
 from ragen_jax.early_stopping import Streaks, early_stop_reason
 from ragen_jax.envs import make
 from ragen_jax.metrics import MetricsLogger, make_sinks
-from ragen_jax.models import compute_copy
+from ragen_jax.models import compute_copy, hf_folder
 from ragen_jax.rollout.agent import AgentRollout, RolloutBatch, train_seeds, val_seeds
 from ragen_jax.rollout.sampler import Sampler
 from ragen_jax.schema import (
@@ -51,7 +52,7 @@ from ragen_jax.starpo import gradient_analysis
 from ragen_jax.starpo.filtering import filter_groups
 from ragen_jax.starpo.rows import build_step_batch
 from ragen_jax.starpo.step import make_update
-from ragen_jax.train_state import build_actor, build_state, load_tokenizer, trained
+from ragen_jax.train_state import build_actor, build_state, load_tokenizer, stop_ids, trained
 from ragen_jax.viewer import render_html
 
 # Rollout metrics that count (summed over processes); the others are per-episode means.
@@ -71,9 +72,14 @@ class Trainer:
         self.is_main = jax.process_index() == 0
         self.out = self.plan.output_dir
         self.mesh = make_mesh((run.mesh.data, run.mesh.fsdp, run.mesh.tensor))
-        self.actor = build_actor(run.model, run.seed, self.mesh)
+        self.store = CheckpointStore(self.out / "checkpoints", keep=run.trainer.keep_checkpoints)
+        # Resuming: the checkpoint holds every trained weight, so the folder's are not read.
+        self.actor = build_actor(run.model, run.seed, self.mesh,
+                                 weights=self.store.latest_step() is None)
         self.tokenizer = load_tokenizer(run.model)
-        self.rollouts = {tag: AgentRollout(env, params, self.tokenizer, self.plan.rollout, tag=tag)
+        eos = stop_ids(run.model)
+        self.rollouts = {tag: AgentRollout(env, params, self.tokenizer, self.plan.rollout, tag=tag,
+                                           eos_ids=eos)
                          for tag, (env, params) in build_envs(run).items()}
         self.tag = next(iter(self.rollouts))
         # Rollouts are process-local: each process samples its share with a local replica,
@@ -87,7 +93,6 @@ class Trainer:
                                        enable_think=run.rollout.enable_think)
         self.streaks = Streaks()
         self.step = 0
-        self.store = CheckpointStore(self.out / "checkpoints", keep=run.trainer.keep_checkpoints)
         self.logger: MetricsLogger | None = None
         self._stop_signal: int | None = None
 
@@ -347,11 +352,15 @@ def _progress_info(m: dict[str, float], tag: str) -> str:
 
 def run(config: ConfigDict | RunConfig, **kw: Any) -> dict[str, Any]:
     """Builds the run from ``config`` and trains it (what ``launch.py`` calls)."""
-    run_config = config if isinstance(config, RunConfig) else from_config_dict(config)
+    if not isinstance(config, RunConfig):
+        config = from_config_dict(use_run_snapshot(config))  # the model folder may have moved
+    run_config = config
     dist.initialize(run_config.distributed)  # a no-op if launch.py already did it
     trainer = Trainer(run_config, **kw)
     if trainer.is_main:
         trainer.out.mkdir(parents=True, exist_ok=True)
+        if run_config.model.path and not hf_folder.is_snapshot(run_config.model.path):
+            hf_folder.snapshot(run_config.model.path, trainer.out / "model")
         (trainer.out / "config.json").write_text(
             to_config_dict(run_config).to_json_best_effort(indent=2) + "\n")
         print(describe(trainer.plan), flush=True)

@@ -1,7 +1,8 @@
 """A run's models and ``TrainState``, built from its config; a trained policy from a checkpoint.
 
 * ``build_actor(model_config, seed, mesh)``: the policy network, a Hugging Face folder or the
-  tiny random model, with LoRA adapters when ``model.lora_rank > 0``.
+  tiny random model, with LoRA adapters when ``model.lora_rank > 0``; ``load_tokenizer`` and
+  ``stop_ids``: the folder's tokenizer and end-of-sequence ids.
 * ``build_state(settings, actor, seed)``: splits the actor (and the critic made from it, if
   the run has that role) into ``Networks`` (what is never trained) and the step-0
   ``TrainState``, placed where the actor's parameters are.
@@ -22,11 +23,19 @@ from jax.sharding import Mesh, SingleDeviceSharding
 
 from ragen_jax.checkpoint import CheckpointStore
 from ragen_jax.config import load_run_config
-from ragen_jax.models import Qwen2ForCausalLM, Qwen2ForValue, QwenConfig, from_pretrained
+from ragen_jax.models import (
+    CheckpointError,
+    Qwen2ForCausalLM,
+    Qwen2ForValue,
+    QwenConfig,
+    from_pretrained,
+    hf_folder,
+)
 from ragen_jax.models import tokenizer as tokenizers
 from ragen_jax.models.lora import add_lora
 from ragen_jax.models.qwen import shard_model
 from ragen_jax.models.weights import load_config as load_model_config
+from ragen_jax.models.weights import tensor_files
 from ragen_jax.schema import DTYPES, ModelConfig, RunConfig, from_config_dict
 from ragen_jax.starpo.step import Networks, StepSettings, TrainState, init_state
 
@@ -48,13 +57,20 @@ def tiny_config(model: ModelConfig) -> QwenConfig:
 
 
 def build_actor(model: ModelConfig, seed: int, mesh: Mesh | None = None, *,
-                abstract: bool = False) -> Qwen2ForCausalLM:
+                abstract: bool = False, weights: bool = True) -> Qwen2ForCausalLM:
     """The policy network (see the module docstring), its weights stored in
     ``model.param_dtype`` (the trainer's master copy; sample with ``compute_copy``).
-    ``abstract``: shapes only, no weights read or initialised, unless LoRA needs the real
-    base weights."""
+    ``abstract``: shapes only, no weights read or initialised; ``weights=False``: random
+    weights in the folder's architecture (a checkpoint will replace them). A LoRA actor
+    always reads its base weights, which its checkpoints do not hold."""
     abstract = abstract and not model.lora_rank
-    if model.path and not abstract:
+    weights = weights or bool(model.lora_rank)
+    if model.path and hf_folder.is_snapshot(model.path) and weights and not abstract:
+        raise CheckpointError(
+            f"model.path={model.path} is a run folder's copy of the model folder, without "
+            "weights; give --config.model.path=<the Hugging Face folder with the weights>"
+            + (" (a LoRA run's checkpoints hold only the adapters)" if model.lora_rank else ""))
+    if model.path and weights and not abstract:
         actor = from_pretrained(model.path, mesh=mesh, **_numerics(model))
     else:
         config = load_model_config(model.path, **_numerics(model)) if model.path else tiny_config(model)
@@ -70,8 +86,35 @@ def build_actor(model: ModelConfig, seed: int, mesh: Mesh | None = None, *,
 
 
 def load_tokenizer(model: ModelConfig) -> Any:
-    """The model folder's tokenizer, or the built-in one for the tiny model."""
-    return tokenizers.load(model.path or None)
+    """The model folder's tokenizer, or the built-in one for the tiny model. A tokenizer
+    with more tokens than the model has embedding rows is a ``CheckpointError`` (its extra
+    ids would index past the table: usually the tokenizer of another model)."""
+    tok = tokenizers.load(model.path or None)
+    if model.path:
+        rows = load_model_config(model.path).vocab_size
+        if len(tok) > rows:
+            raise CheckpointError(f"{model.path}: the tokenizer has {len(tok)} tokens but the "
+                                  f"model's embedding only {rows} rows (config.json vocab_size)")
+    return tok
+
+
+def check_model_folder(model: ModelConfig) -> None:
+    """Checks a folder run's inputs before anything heavy starts: ``config.json`` (a Qwen2
+    architecture), the safetensors headers (a truncated file or a bad header fails here)
+    and the tokenizer (loadable, no larger than the embedding); raises ``CheckpointError``
+    with one line."""
+    if model.path:
+        load_model_config(model.path)
+        if not hf_folder.is_snapshot(model.path):
+            tensor_files(Path(model.path))
+        load_tokenizer(model)
+
+
+def stop_ids(model: ModelConfig) -> tuple[int, ...]:
+    """The end-of-sequence ids the model folder declares (``generation_config.json`` and
+    ``config.json``), which end a turn besides the chat template's end-of-turn token; none
+    for the tiny model."""
+    return hf_folder.eos_ids(model.path) if model.path else ()
 
 
 def trained(model: ModelConfig) -> Any:
@@ -100,6 +143,7 @@ def load_policy(run_dir: str | Path, step: int | None = None, overrides: Any = N
     ``overrides`` is the run's config as a ConfigDict with changes (e.g. a moved
     ``model.path``); default: the saved one."""
     run = from_config_dict(overrides if overrides is not None else load_run_config(run_dir))
+    tokenizer = load_tokenizer(run.model)  # first: it checks the folder against the config
     store = CheckpointStore(Path(run_dir) / "checkpoints")
     try:
         steps = store.all_steps()
@@ -116,4 +160,4 @@ def load_policy(run_dir: str | Path, step: int | None = None, overrides: Any = N
         actor = nnx.merge(graphdef, items["actor"], rest)
     finally:
         store.close()
-    return actor, load_tokenizer(run.model), run, step
+    return actor, tokenizer, run, step

@@ -12,9 +12,12 @@ from typing import Any
 
 
 def render_html(trajectories: Sequence[dict[str, Any]], summary: dict[str, Any]) -> str:
-    """A static page: metrics, then per episode and turn the state, thinking, actions, reward.
+    """A static page: metrics, then per episode and turn the prompt text the model saw
+    before the turn (collapsed: the system and first user message on turn 1, then the
+    reward and next user message), the state, thinking, raw response, actions and reward.
 
-    Everything interpolated is passed through ``html.escape`` (model text is untrusted).
+    Everything interpolated is passed through ``html.escape`` (model and env text is
+    untrusted).
     """
     e = lambda x: html.escape(str(x), quote=True)  # noqa: E731
     parts = [
@@ -36,13 +39,18 @@ def render_html(trajectories: Sequence[dict[str, Any]], summary: dict[str, Any])
             f"{e(traj.get('success'))}, score {e(round(float(traj.get('score', 0.0)), 4))}, "
             f"actions {e(traj.get('num_actions'))}</summary>")
         for t in traj.get("turns", []):
-            parts.append(f"<h4>Turn {e(t.get('turn'))}</h4><pre>{e(t.get('state', ''))}</pre>")
+            parts.append(f"<h4>Turn {e(t.get('turn'))}</h4>")
+            if "prompt" in t:
+                parts.append(f"<details><summary>prompt</summary><pre>{e(t['prompt'])}</pre>"
+                             "</details>")
+            parts.append(f"<pre>{e(t.get('state', ''))}</pre>")
             parts.append(f"<p><b>thinking</b></p><pre>{e(t.get('think', ''))}</pre>")
             parts.append(f"<p><b>raw response</b></p><pre>{e(t.get('response', ''))}</pre>")
             parts.append(
                 f"<p><b>actions</b> {e(t.get('actions', []))} executed "
                 f"{e(t.get('executed', []))}; reward {e(t.get('reward', ''))}, penalty "
-                f"{e(t.get('penalty', ''))} {e(t.get('format_error', ''))}</p>")
+                f"{e(t.get('penalty', ''))} {e(t.get('format_error', ''))}"
+                f"{'' if t.get('stopped', True) else ' (cut at the token budget)'}</p>")
         parts.append(f"<h4>Final state</h4><pre>{e(traj.get('final_state', ''))}</pre></details>")
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -29,7 +29,7 @@ def test_eval_writes_metrics_trajectories_and_viewer(tmp_path, capsys):
         assert {"success", "score", "turns", "final_state"} <= set(t)
         assert all({"actions", "reward", "penalty", "state"} <= set(turn) for turn in t["turns"])
     page = (out / "viewer.html").read_text()
-    assert page.startswith("<!DOCTYPE html>") and page.count("<details>") == 4
+    assert page.startswith("<!DOCTYPE html>") and page.count("<details><summary class=") == 4  # one per episode
     # The random model's text appears escaped: no raw tag from model text survives.
     assert "<think>" not in page and "<answer>" not in page
 

@@ -11,8 +11,10 @@ import pytest
 from ml_collections import ConfigDict
 
 from ragen_jax.schema import (
+    TINY_ONLY_FIELDS,
     ConfigError,
     RunConfig,
+    config_for_print,
     describe,
     from_config_dict,
     resolve,
@@ -114,3 +116,36 @@ def test_cosine_schedule_longer_than_the_run_names_the_user_fields():
     c.actor.lr_schedule, c.actor.warmup_steps = "cosine", 500
     with pytest.raises(ConfigError, match=r"^trainer\.total_steps must exceed actor\.warmup_steps"):
         resolve(from_config_dict(c))
+
+
+def test_length_hint_follows_response_length_through_the_schema():
+    c = to_config_dict()
+    c.rollout.response_length = 37
+    assert resolve(from_config_dict(c)).rollout.context.max_tokens_hint == 37
+    c.rollout.max_tokens_hint = 50
+    assert resolve(from_config_dict(c)).rollout.context.max_tokens_hint == 50
+
+
+def test_printed_config_of_a_folder_run_names_its_config_json(tmp_path):
+    tiny = RunConfig()
+    assert config_for_print(tiny) == str(to_config_dict(tiny))  # what launch.py printed
+    assert "  hidden_size: 128\n" in config_for_print(tiny)
+    arch = {"hidden_size": 896, "num_hidden_layers": 24, "intermediate_size": 4864,
+            "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936}
+    (tmp_path / "config.json").write_text(json.dumps(arch))
+    c = to_config_dict()
+    c.model.path, c.model.lora_rank = str(tmp_path), 4
+    run = from_config_dict(c)
+    text = config_for_print(run)
+    lines = text.splitlines()
+    assert not any(line.strip().startswith(f"{f}:") for f in TINY_ONLY_FIELDS for line in lines)
+    assert lines[lines.index("model:") + 1] == (
+        f"  architecture: from {tmp_path / 'config.json'} (hidden_size=896, "
+        "num_hidden_layers=24, intermediate_size=4864, num_attention_heads=14, "
+        "num_key_value_heads=2)")
+    assert "  lora_rank: 4" in lines and f"  path: {tmp_path}" in lines
+    full = str(to_config_dict(run)).splitlines()
+    assert len(lines) == len(full) - len(TINY_ONLY_FIELDS) + 1
+    assert set(lines) - set(full) == {lines[lines.index("model:") + 1]}
+    (tmp_path / "config.json").unlink()  # unreadable: the file is still named
+    assert f"  architecture: from {tmp_path / 'config.json'}\n" in config_for_print(run)

@@ -24,6 +24,9 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers.utils import logging as hf_logging
+
+from ragen_jax.models.hf_folder import CheckpointError, check_tokenizer_files
 
 # The tiny preset's vocabulary size (the model's embedding rows); the BPE never exceeds it.
 TINY_VOCAB_SIZE = 1024
@@ -46,13 +49,26 @@ def load(path: str | os.PathLike | None = None) -> PreTrainedTokenizerBase:
     """The tokenizer of a model folder, or the built-in tiny one for ``None`` / ``"tiny"``.
 
     Folders load through ``transformers.AutoTokenizer`` without remote code, keeping the
-    folder's chat template.
+    folder's chat template. A folder without tokenizer files, or whose files do not load, is
+    a one-line ``CheckpointError``.
     """
     if path is None or str(path) == "tiny":
         return builtin()
     if not Path(path).is_dir():
         raise FileNotFoundError(f"tokenizer folder not found: {path}")
-    return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+    check_tokenizer_files(path)
+    # transformers reads config.json here too and logs its own complaints about it (e.g. eos
+    # ids past a too-small vocabulary); ragen_jax checks the folder and says it in one line.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
+    except Exception as e:  # transformers/tokenizers raise many types for a broken file
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise CheckpointError(f"{path}: cannot load its tokenizer ({type(e).__name__}: "
+                              f"{first})") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 @functools.lru_cache(maxsize=1)

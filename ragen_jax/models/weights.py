@@ -23,14 +23,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from ragen_jax.models.hf_folder import CheckpointError
 from ragen_jax.models.qwen import Qwen2ForCausalLM, QwenConfig, param_shardings
 
 # Keys some hub checkpoints carry that the model does not need.
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
-
-
-class CheckpointError(ValueError):
-    """A model folder that cannot be loaded; the message is one line that says why."""
 
 
 def _path_key(path) -> str:
@@ -78,11 +75,24 @@ def load_config(path: str | os.PathLike, *, dtype=jnp.float32, param_dtype=None,
         raise CheckpointError(f"{cfg_file}: unsupported or incomplete config: {e}") from None
 
 
-def _tensor_files(path: Path) -> dict[str, Path]:
+def _open(f: Path):
+    """``safe_open`` of one weights file; a truncated file or a bad header is a
+    ``CheckpointError`` naming the file."""
+    try:
+        return safe_open(f, framework="numpy")
+    except Exception as e:  # safetensors raises its own SafetensorError, or OSError
+        raise CheckpointError(f"{f}: not a readable safetensors file "
+                              f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+
+
+def tensor_files(path: Path) -> dict[str, Path]:
     """Maps every tensor name to the safetensors file that holds it."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{index}: not a safetensors index ({type(e).__name__}: {e})") from None
         files = {k: path / f for k, f in weight_map.items()}
         for f in set(files.values()):
             if not f.is_file():
@@ -94,7 +104,7 @@ def _tensor_files(path: Path) -> dict[str, Path]:
         raise CheckpointError(f"no *.safetensors weights in {path} (pickle .bin is not read)")
     files = {}
     for f in candidates:
-        with safe_open(f, framework="numpy") as fh:
+        with _open(f) as fh:
             for k in fh.keys():
                 files[k] = f
     return files
@@ -116,7 +126,7 @@ def from_pretrained(
     """
     path = Path(path)
     config = load_config(path, dtype=dtype, param_dtype=param_dtype, **options)
-    files = _tensor_files(path)
+    files = tensor_files(path)
 
     abstract = nnx.eval_shape(lambda: Qwen2ForCausalLM(config, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
@@ -143,10 +153,14 @@ def from_pretrained(
     handles = {}
     try:
         for f in sorted(set(files[k] for k in expected), key=str):
-            handles[f] = safe_open(f, framework="numpy")
+            handles[f] = _open(f)
 
         def read(k: str, shape) -> np.ndarray:
-            arr = handles[files[k]].get_tensor(k)
+            try:
+                arr = handles[files[k]].get_tensor(k)
+            except Exception as e:  # a file cut short after a valid header
+                raise CheckpointError(f"{files[k]}: cannot read {k} ({type(e).__name__}: "
+                                      f"{str(e).splitlines()[0][:200]})") from None
             if tuple(arr.shape) != tuple(shape):
                 raise CheckpointError(f"{path}: shape mismatch for {k}: checkpoint "
                                       f"{tuple(arr.shape)}, model {tuple(shape)}")

@@ -83,6 +83,7 @@ class RolloutConfig:
     enable_think: bool = True  # <think>..</think><answer>..</answer>; False: answer only
     format_penalty: float = -0.1  # added once to a turn with a format error (RAGEN: -0.1)
     turn_template: str = ""  # per-turn user text ({turn} {state} {warning} {actions_left} {format} {max_tokens}); "" = RAGEN's
+    max_tokens_hint: int = 0  # the prompt's {max_tokens} ("Max response length"); 0 = response_length (RAGEN's max_tokens)
     use_turn_scores: bool = False  # each turn's score on its last token (bi-level GAE)
     train_seed: int = 10000  # first training group seed (RAGEN: 10000)
     val_seed: int = 123  # first validation group seed (RAGEN: 123)
@@ -96,7 +97,7 @@ class RolloutConfig:
                      "max_actions_per_turn", "response_length", "max_model_len", "val_groups",
                      "val_group_size", "pad_multiple"):
             self._require(name, getattr(self, name) >= 1, ">= 1")
-        for name in ("temperature", "val_temperature", "top_k"):
+        for name in ("temperature", "val_temperature", "top_k", "max_tokens_hint"):
             self._require(name, getattr(self, name) >= 0, ">= 0")
         self._require("top_p", 0 < self.top_p <= 1, "in (0, 1]")
 
@@ -107,10 +108,12 @@ class RolloutConfig:
     @functools.cached_property
     def context(self) -> ContextConfig:
         """The prompt wording and parsing budget these settings imply ("" ``turn_template``:
-        ``ContextConfig``'s, RAGEN's wording)."""
+        ``ContextConfig``'s, RAGEN's wording; the length hint is ``response_length`` unless
+        ``max_tokens_hint`` is set)."""
         return ContextConfig(
             enable_think=self.enable_think, max_actions_per_turn=self.max_actions_per_turn,
             format_penalty=self.format_penalty,
+            max_tokens_hint=self.max_tokens_hint or self.response_length,
             **({"turn_template": self.turn_template} if self.turn_template else {}))
 
     def sampling(self, temperature: float | None = None) -> SamplingParams:
@@ -265,16 +268,21 @@ def _turn_keys(key: jax.Array, turn: int, row_ids: jax.Array) -> jax.Array:
 
 
 class AgentRollout:
-    """Plays batched multi-turn episodes of one env with a policy (see the module docstring)."""
+    """Plays batched multi-turn episodes of one env with a policy (see the module docstring).
+
+    ``eos_ids``: ids that end a turn besides the chat template's end-of-turn token and the
+    tokenizer's eos token (a model folder's ``generation_config.json`` list; see
+    ``ChatFormat``).
+    """
 
     def __init__(self, env: Any, env_params: Any, tokenizer: Any, config: RolloutConfig, *,
-                 tag: str | None = None):
+                 tag: str | None = None, eos_ids: Sequence[int] = ()):
         self.env = env
         self.env_params = env_params
         self.tokenizer = tokenizer
         self.config = config
         self.tag = tag or type(env).__name__
-        self.chat = ChatFormat(tokenizer, config.context)
+        self.chat = ChatFormat(tokenizer, config.context, eos_ids=eos_ids)
         self._reset, self._step_turn = env_functions(env)
 
     def collect(self, policy: Policy, group_seeds: Sequence[int] | np.ndarray, key: jax.Array,
@@ -365,7 +373,7 @@ class AgentRollout:
         else:
             chunk = self.chat.next_chunk(user, emitted_eot=ep.emitted_eot)
         ep.messages.append({"role": "user", "content": user})
-        ep.turns.append({"turn": turn, "state": state_text})
+        ep.turns.append({"turn": turn, "state": state_text, "prompt": chunk})
         return names, chunk
 
     def _generate(self, policy: Policy, eps: list[Episode], prompts: _Prompts, host: Any,
@@ -399,9 +407,12 @@ class AgentRollout:
             ep.pieces.append(Piece(answer.astype(np.int32), True, gen.logprobs[i, :k],
                                    gen.model_logprobs[i, :k], prompts.turn))
             ep.length += len(chunk) + k
-            text, ep.emitted_eot, special = self.chat.generated_text(answer)
-            text = ctx.answer_prefix + text
-            parsed[i] = parse_response(text, prompts.action_names[i], ctx, special_inside=special)
+            out = self.chat.generated_text(answer)
+            ep.emitted_eot = self.chat.emitted_eot(answer)
+            ep.turns[-1]["stopped"] = out.stopped
+            text = ctx.answer_prefix + out.text
+            parsed[i] = parse_response(text, prompts.action_names[i], ctx,
+                                       special_inside=out.special_inside)
             ep.messages.append({"role": "assistant", "content": text})
         return parsed
 

@@ -47,7 +47,7 @@ class Episode:
     success: bool = False  # terminated with the env's info["success"]
     num_actions: int = 0  # env actions executed
     num_effective: int = 0  # of which changed the state
-    emitted_eot: bool = True  # the last answer ended with the model's end-of-turn token
+    emitted_eot: bool = True  # the last answer ended with the end-of-turn token (else inserted)
     turns: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # per-turn records
     messages: list[dict[str, str]] = dataclasses.field(default_factory=list)  # the chat
 
@@ -185,7 +185,15 @@ def _token_rewards(eps: Sequence[Episode], turn_ends: list[dict[int, int]], widt
 
 def _trajectory_record(b: int, ep: Episode, batch: RolloutBatch, final_state: str,
                        tag: str) -> dict[str, Any]:
-    """Row ``b``'s record (the chat, per-turn records and outcome) for viewers and logs."""
+    """Row ``b``'s record (the chat, per-turn records and outcome) for viewers and logs.
+
+    Each turn record holds ``turn``, ``state`` (the rendered env state), ``prompt`` (the
+    text inserted before the turn's generation: the template prefix, system message and
+    first user message on turn 1, later the previous reward and the next user message),
+    ``stopped`` (the answer ended with a stop id, not at the token budget), ``response``,
+    ``think``, ``answer``, ``actions``, ``executed``, ``reward``, ``penalty``,
+    ``format_error`` (the reason, "" if none), ``num_effective`` and ``num_tokens``.
+    """
     return {
         "env_id": b, "group_id": int(batch.group_ids[b]), "seed": int(batch.seeds[b]),
         "tag": tag, "messages": ep.messages, "turns": ep.turns,

