@@ -100,8 +100,9 @@ def load_run_config(run_dir: str | Path) -> ConfigDict:
     return use_run_snapshot(config)
 
 
-def run_folder(config: ConfigDict) -> Path:
-    """The run folder a config trains into (``schema.resolve``'s rule, on the raw dict)."""
+def run_folder(config: Any) -> Path:
+    """The run folder a config trains into: ``trainer.output_dir``, else
+    ``runs/<env>-<preset>``; for a ``ConfigDict`` or a ``schema.RunConfig`` alike."""
     return Path(config.trainer.output_dir or f"runs/{config.env.name}-{config.preset}")
 
 

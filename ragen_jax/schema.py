@@ -27,6 +27,7 @@ from typing import Any
 import jax.numpy as jnp
 from ml_collections import ConfigDict
 
+from ragen_jax.config import run_folder
 from ragen_jax.models.qwen import REMAT_POLICIES
 from ragen_jax.rollout.agent import RolloutConfig
 from ragen_jax.starpo.estimators import ESTIMATORS, NEEDS_CRITIC, AdvantageSettings
@@ -438,7 +439,7 @@ def resolve(run: RunConfig) -> Resolved:
                  f"{math.ceil(rows / mini)} mini-batch(es) of {mini} when no group is filtered "
                  f"({rows} trajectories); the lr schedule counts training steps "
                  f"({run.trainer.total_steps})")
-    out = Path(run.trainer.output_dir or f"runs/{run.env.name}-{run.preset}")
+    out = run_folder(run)
     notes.append(f"output_dir: {out}")
     rollout = dataclasses.replace(run.rollout, use_turn_scores=use_turn_scores)
     advantages = AdvantageSettings(

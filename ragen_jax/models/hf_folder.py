@@ -19,6 +19,13 @@ class CheckpointError(ValueError):
     """A model folder that cannot be loaded; the message is one line that says why."""
 
 
+def describe_error(e: BaseException) -> str:
+    """``"<type>: <first line of the message>"`` (at most 200 characters of it), for wrapping
+    a library's exception into a one-line ``CheckpointError``."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:200] if lines else ''}"
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
                    "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
                    "chat_template.json", "tokenizer.model")

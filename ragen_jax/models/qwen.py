@@ -643,8 +643,7 @@ class Qwen2Model(nnx.Module):
         """All layers on ``x [B, T, E]`` without a cache (training, scoring): one ``lax.scan``
         over the stacked layer variables (unrolled unless ``config.scan_layers``), each layer
         under the ``config.remat`` policy. Gradients come back stacked, like the weights."""
-        layers = [self.layers] if self.stacked else list(self.layers)
-        graphdef = nnx.graphdef(layers[0])
+        graphdef = nnx.graphdef(self.layers if self.stacked else self.layers[0])
 
         def run(x, layer_state):
             x, _ = nnx.merge(graphdef, layer_state)(x, positions, attn_mask)
@@ -653,7 +652,7 @@ class Qwen2Model(nnx.Module):
         if self.config.remat != "none":
             run = jax.checkpoint(run, policy=REMAT_POLICIES[self.config.remat])
         if not self.stacked:
-            for layer in layers:
+            for layer in self.layers:
                 x = run(x, nnx.state(layer))
             return x
         x, _ = jax.lax.scan(lambda x, s: (run(x, s), None), x, nnx.state(self.layers),
@@ -681,7 +680,7 @@ class Qwen2Model(nnx.Module):
             slots = jnp.arange(cache.size)  # [S]
             query_slot = index + jnp.arange(t)  # [T]
             attn_mask = (slots[None, :] <= query_slot[:, None])[None] & valid[:, None, :]
-            kv = (cache.k, cache.v)  # [L, B, K, D, S], [L, B, K, S, D]
+            kv = (cache.k, cache.v)  # stacked [L, B, ...] or per-layer tuples (KVCache)
 
         blocks = last_blocks = 1
         if cache is not None:

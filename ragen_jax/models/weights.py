@@ -11,6 +11,7 @@ it is placed on the devices.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -23,7 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from ragen_jax.models.hf_folder import CheckpointError
+from ragen_jax.models.hf_folder import CheckpointError, describe_error
 from ragen_jax.models.qwen import Qwen2ForCausalLM, QwenConfig, param_shardings
 
 # Keys some hub checkpoints carry that the model does not need.
@@ -81,8 +82,7 @@ def _open(f: Path):
     try:
         return safe_open(f, framework="numpy")
     except Exception as e:  # safetensors raises its own SafetensorError, or OSError
-        raise CheckpointError(f"{f}: not a readable safetensors file "
-                              f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+        raise CheckpointError(f"{f}: not a readable safetensors file ({describe_error(e)})") from None
 
 
 def tensor_files(path: Path) -> dict[str, Path]:
@@ -150,17 +150,15 @@ def from_pretrained(
     shardings = param_shardings(state, mesh) if mesh is not None else None
     flat_shardings = dict(nnx.to_flat_state(shardings)) if shardings is not None else {}
 
-    handles = {}
-    try:
-        for f in sorted(set(files[k] for k in expected), key=str):
-            handles[f] = _open(f)
+    with contextlib.ExitStack() as stack:
+        handles = {f: stack.enter_context(_open(f))
+                   for f in sorted(set(files[k] for k in expected), key=str)}
 
         def read(k: str, shape) -> np.ndarray:
             try:
                 arr = handles[files[k]].get_tensor(k)
             except Exception as e:  # a file cut short after a valid header
-                raise CheckpointError(f"{files[k]}: cannot read {k} ({type(e).__name__}: "
-                                      f"{str(e).splitlines()[0][:200]})") from None
+                raise CheckpointError(f"{files[k]}: cannot read {k} ({describe_error(e)})") from None
             if tuple(arr.shape) != tuple(shape):
                 raise CheckpointError(f"{path}: shape mismatch for {k}: checkpoint "
                                       f"{tuple(arr.shape)}, model {tuple(shape)}")
@@ -182,8 +180,6 @@ def from_pretrained(
             else:
                 var.set_value(jnp.asarray(arr))
             del arr
-    finally:
-        handles.clear()
 
     model = nnx.merge(graphdef, nnx.from_flat_state(flat))
     if mesh is not None:
