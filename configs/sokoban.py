@@ -16,6 +16,7 @@ def get_config(preset: str = "tiny"):
         c.warmstart.steps = 60
         c.warmstart.batch_size = 8
         # Random answers teach answers that ignore the state (I(X;Z) = 0 from step 1, and RL
-        # never left it in 20 minutes); random *legal* moves give a reason to read it.
+        # never left it in 20 minutes); random *legal* moves give a reason to read it. The
+        # solver-mixture start is an option (warmstart.solver_share; see configs/frozenlake.py).
         c.warmstart.legal_actions = True
     return c

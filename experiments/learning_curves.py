@@ -1,23 +1,34 @@
 """The tiny presets learning on this CPU: ``python experiments/learning_curves.py``.
 
-Runs ``launch.py`` on ``configs/bandit.py``, ``configs/frozenlake.py`` and
-``configs/sokoban.py`` (tiny preset, fresh output folders under
-``experiments/results/runs/``), each under a wall-clock budget (10 / 20 / 20 minutes; the
-run stops at the first checkpoint after the budget via SIGTERM, which saves and exits), then writes per-run curves (PNG: success, score, entropy,
-response length vs step) and ``experiments/results/learning_curves.md``: validation
-success of the warm-started policy (step 0), the best and last validation success, the
-wall time, and the first-turn I(X;Z) estimate with retrieval@1 against chance at the first
-and last diagnostics step: near 0 and chance mean the answers do not depend on the
-observation at all (RAGEN V2's template collapse), whatever the success curve does.
+For each preset (``configs/bandit.py``, ``frozenlake.py``, ``sokoban.py``, tiny) and seed:
 
-    python experiments/learning_curves.py                  # all three
-    python experiments/learning_curves.py --only bandit    # one
-    python experiments/learning_curves.py --plot-only      # redraw from existing runs
+1. **The starting policy** is built once (``Trainer.warmstart``, in a child process): the
+   cached warm-start (on FrozenLake and Sokoban the solver-mixture prior, shared by every
+   seed through ``warmstart.seed``); its build time is reported apart, as a download would be.
+2. **RL**: ``launch.py`` under a wall-clock budget (10 / 20 / 20 minutes, counted from the
+   process start; at the budget a SIGTERM finishes the step, checkpoints and exits), into
+   ``experiments/results/runs/<env>-s<seed>/``.
+3. **The imitation control** (``--imitation``): the same budget spent continuing supervised
+   training of the starting policy on its own data (the solver mixture), validated on the
+   same 256 seeds at T=0.5 as RL (validation time not counted: the control gets more
+   training than RL for its wall time). RL must end above it; otherwise the gain is the
+   prior's, not StarPO's.
+
+It draws mean and spread (min-max over seeds) of validation success against wall time and
+against steps, and first-turn I(X;Z) (RAGEN V2's input dependence: ~0 means answers ignore
+the observation), with the imitation control, to ``learning_curves_<env>.png``, and writes
+``experiments/results/learning_curves.md``.
+
+    python experiments/learning_curves.py                        # all presets, seeds 0 1 2
+    python experiments/learning_curves.py --only frozenlake --seeds 0 --imitation
+    python experiments/learning_curves.py --plot-only            # redraw from existing runs
+    python experiments/learning_curves.py --override=--config.warmstart.solver_share=0 --tag scratch
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -25,88 +36,213 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"
 sys.path.insert(0, str(ROOT))
 
 from ragen_jax.metrics import read_jsonl  # noqa: E402
-from ragen_jax.plots import find_tag, plot_run, series  # noqa: E402
+from ragen_jax.plots import find_tag, series  # noqa: E402
 
 RUNS = {"bandit": 600, "frozenlake": 1200, "sokoban": 1200}  # wall-clock budgets, seconds
+MI = "collapse_first_turn_sample/mi_estimate"
 
 
-def train(name: str, budget: float, extra: list[str]) -> tuple[Path, float]:
-    out = RESULTS / "runs" / name
-    if out.exists():
-        subprocess.run(["rm", "-rf", str(out)], check=True)
+def launch(name: str, out: Path, extra: list[str], budget: float | None, log: Path) -> float:
+    """Runs ``launch.py`` (killed politely at ``budget`` seconds); returns its wall time."""
     cmd = [sys.executable, str(ROOT / "launch.py"), "--config", f"configs/{name}.py",
            f"--config.trainer.output_dir={out}", "--config.trainer.progress=False", *extra]
     print(" ".join(cmd), flush=True)
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=open(RESULTS / f"{name}.log", "w"),
-                            stderr=subprocess.STDOUT)
-    try:
-        proc.wait(timeout=budget)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)  # finishes the step, checkpoints, exits
-        proc.wait()
-    return out, time.perf_counter() - t0
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+        try:
+            proc.wait(timeout=budget)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)  # finishes the step, checkpoints, exits
+            proc.wait()
+    if proc.returncode not in (0, -signal.SIGTERM):
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}); see {log}")
+    return time.perf_counter() - t0
 
 
-def summarize(name: str, out: Path, wall: float | None) -> str:
+def build_prior(name: str, extra: list[str], runs: Path) -> float:
+    """Builds (or finds) the cached starting policy in a child process; returns its seconds."""
+    code = ("import sys; from ragen_jax.config import load_config; from ragen_jax.train import Trainer; "
+            "print(Trainer(load_config(sys.argv[1:])).warmstart())")
+    cmd = [sys.executable, "-c", code, "--config", f"configs/{name}.py",
+           f"--config.trainer.output_dir={runs / f'{name}-prior'}", *extra]
+    t0 = time.perf_counter()
+    with open(runs / f"{name}-prior.log", "w") as f:
+        subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, check=True)
+    return time.perf_counter() - t0
+
+
+def imitate(name: str, budget: float, seed: int, extra: list[str], out: Path, points: int = 8) -> None:
+    """The imitation control (see the module docstring): ``curve.json`` of (SFT steps, SFT
+    wall seconds, validation success) from the starting policy on."""
+    from ragen_jax.config import load_config
+    from ragen_jax.sft import train_sft, warmstart_data
+    from ragen_jax.train import Trainer
+    from ragen_jax.train_state import trained
+
+    c = load_config(["--config", str(ROOT / f"configs/{name}.py"), f"--config.trainer.output_dir={out}",
+                     f"--config.seed={seed}", *extra])
+    t = Trainer(c)
+    t.warmstart()  # the cached starting policy
+    w, tag = t.run.warmstart, t.tag
+    data_seed = t.run.seed if w.seed < 0 else w.seed
+    rollout = t.rollouts[tag]
+    data = warmstart_data(rollout.env, rollout.env_params, t.tokenizer, t.plan.rollout,
+                          episodes=w.episodes, seed=data_seed, legal_only=w.legal_actions,
+                          solver_share=w.solver_share)
+    curve, steps, spent = [], 0, 0.0
+
+    def record() -> None:
+        vm, _ = t.validate()
+        curve.append({"sft_steps": steps, "wall_s": spent, "success": vm[f"val-env/{tag}/success"]})
+        print(f"imitation {name} seed {seed}: {curve[-1]}", flush=True)
+
+    record()
+    chunk = max(1, w.steps // 4)
+    while spent < budget:
+        t0 = time.perf_counter()
+        train_sft(t.actor, data, steps=chunk, batch_size=w.batch_size, lr=w.lr,
+                  seed=seed * 1000 + steps, trainable=trained(t.run.model))
+        spent += time.perf_counter() - t0
+        steps += chunk
+        if spent >= budget * len(curve) / points or spent >= budget:
+            t._init_state()  # the sampler follows the actor
+            t._refresh_policy()
+            record()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "curve.json").write_text(json.dumps(curve, indent=1))
+
+
+# -- reading runs ------------------------------------------------------------------------------
+
+
+def run_curves(out: Path) -> dict[str, np.ndarray]:
+    """Validation success against step and cumulative step wall time, and first-turn I(X;Z)."""
     metrics = read_jsonl(out / "metrics.jsonl")
     tag = find_tag(metrics)
     steps, val = series(metrics, f"val-env/{tag}/success")
-    extra = sorted({k for m in metrics.values() for k in m
-                    if k.startswith("val-env/") and k.endswith("/success") and k.split("/")[1] != tag})
-    other = "; ".join(f"{k.split('/')[1]} {series(metrics, k)[1][-1]:.3f}" for k in extra)
-    best = max(range(len(val)), key=lambda i: val[i])
-    wall_txt = f"{wall / 60:.1f}" if wall is not None else "-"
-    return (f"| {name} | {max(metrics)} | {wall_txt} | {val[0]:.3f} | {val[best]:.3f} (step {steps[best]}) "
-            f"| {val[-1]:.3f} | {val[-1] - val[0]:+.3f} | {other or '-'} | {input_dependence(metrics)} |")
+    wall = np.cumsum([metrics[s].get("timing_s/step", 0.0) for s in sorted(metrics)])
+    at = dict(zip(sorted(metrics), wall, strict=True))
+    mi_steps, mi = series(metrics, MI)
+    return {"steps": np.array(steps), "val": np.array(val), "wall": np.array([at[s] for s in steps]),
+            "mi_steps": np.array(mi_steps), "mi": np.array(mi), "last_step": max(metrics)}
 
 
-def input_dependence(metrics: dict[int, dict[str, float]]) -> str:
-    """First-turn I(X;Z) (nats) and retrieval@1 against chance, first and last diagnostics
-    step: whether the answers depend on the observation at all (RAGEN V2's collapse check)."""
-    steps, mi = series(metrics, "collapse_first_turn_sample/mi_estimate")
-    if not steps:
-        return "-"
-    _, acc = series(metrics, "collapse_first_turn_sample/retrieval_acc@1")
-    _, chance = series(metrics, "collapse_first_turn_sample/retrieval_chance@1")
-    return " -> ".join(f"{mi[i]:.2f} ({acc[i]:.2f} vs {chance[i]:.2f}, step {steps[i]})" for i in (0, -1))
+def summarize(name: str, seeds: list[int], runs: Path, prior_s: float | None) -> str | None:
+    curves = {s: run_curves(runs / f"{name}-s{s}") for s in seeds
+              if (runs / f"{name}-s{s}" / "metrics.jsonl").is_file()}
+    if not curves:
+        return None
+    start = np.array([c["val"][0] for c in curves.values()])
+    last = np.array([c["val"][-1] for c in curves.values()])
+    best = np.array([c["val"].max() for c in curves.values()])
+    wall = np.array([c["wall"][-1] / 60 for c in curves.values()])
+    gain = last - start
+    mi = [f"{c['mi'][0]:.2f}->{c['mi'][-1]:.2f}" for c in curves.values() if len(c["mi"])]
+    imitation = "-"
+    imit_file = runs / f"{name}-imitation" / "curve.json"
+    if imit_file.is_file():
+        ic = json.loads(imit_file.read_text())
+        imitation = f"{ic[0]['success']:.3f} -> {ic[-1]['success']:.3f} ({ic[-1]['sft_steps']} SFT steps)"
+    prior = f"{prior_s / 60:.1f}" if prior_s is not None else "-"
+    return (f"| {name} | {len(curves)} ({', '.join(map(str, curves))}) | {prior} "
+            f"| {np.mean([c['last_step'] for c in curves.values()]):.0f} | {wall.mean():.1f} "
+            f"| {start.mean():.3f} | {last.mean():.3f} ± {last.std():.3f} | {best.mean():.3f} "
+            f"| {gain.mean():+.3f} [{gain.min():+.3f}, {gain.max():+.3f}] | {imitation} | {'; '.join(mi) or '-'} |")
+
+
+def plot(name: str, seeds: list[int], runs: Path, title: str) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = [run_curves(runs / f"{name}-s{s}") for s in seeds
+              if (runs / f"{name}-s{s}" / "metrics.jsonl").is_file()]
+    if not curves:
+        return None
+    imit_file = runs / f"{name}-imitation" / "curve.json"
+    imitation = json.loads(imit_file.read_text()) if imit_file.is_file() else None
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    for ax, x_key, label in ((axes[0], "wall", "wall minutes (training steps)"), (axes[1], "steps", "step")):
+        for c in curves:
+            ax.plot(c[x_key] / (60 if x_key == "wall" else 1), c["val"], color="C0", alpha=0.3, lw=0.8)
+        n = min(len(c["val"]) for c in curves)  # seeds validate at the same steps
+        mean = np.mean([c["val"][:n] for c in curves], 0)
+        lo, hi = np.min([c["val"][:n] for c in curves], 0), np.max([c["val"][:n] for c in curves], 0)
+        x = np.mean([c[x_key][:n] for c in curves], 0) / (60 if x_key == "wall" else 1)
+        ax.plot(x, mean, color="C0", marker="o", ms=3, label=f"StarPO, mean of {len(curves)} seeds")
+        ax.fill_between(x, lo, hi, color="C0", alpha=0.15, label="min-max over seeds")
+        ax.axhline(mean[0], color="0.4", ls=":", lw=1, label="starting policy")
+        if imitation and x_key == "wall":
+            ax.plot([p["wall_s"] / 60 for p in imitation], [p["success"] for p in imitation], color="C3",
+                    ls="--", marker="s", ms=3, label="imitation control (SFT minutes)")
+        ax.set_xlabel(label)
+        ax.set_ylabel("validation success (256 seeds, T=0.5)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for c in curves:
+        axes[2].plot(c["mi_steps"], c["mi"], marker="o", ms=3, alpha=0.7)
+    axes[2].set_title("first-turn I(X;Z) per seed (nats)")
+    axes[2].set_xlabel("step")
+    axes[2].grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    out = RESULTS / f"learning_curves_{name}{'' if runs.name == 'runs' else '_' + runs.name}.png"
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--only", choices=sorted(RUNS), action="append")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--imitation", action="store_true", help="also run the imitation control (seed: the first)")
+    p.add_argument("--budget", type=float, default=None, help="seconds per run (default: 600 bandit, 1200 others)")
     p.add_argument("--plot-only", action="store_true")
     p.add_argument("--override", action="append", default=[], help="extra --config.x=y for every run")
+    p.add_argument("--tag", default="", help="runs go to results/runs_<tag> (a variant, e.g. scratch)")
     args = p.parse_args()
     names = args.only or list(RUNS)
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    runs = RESULTS / (f"runs_{args.tag}" if args.tag else "runs")
+    runs.mkdir(parents=True, exist_ok=True)
+    timing_file = runs / "prior_build_s.json"
+    prior_s = json.loads(timing_file.read_text()) if timing_file.is_file() else {}
+    for name in names if not args.plot_only else []:
+        budget = args.budget or RUNS[name]
+        prior_s[name] = build_prior(name, args.override, runs)
+        timing_file.write_text(json.dumps(prior_s))
+        for seed in args.seeds:
+            out = runs / f"{name}-s{seed}"
+            subprocess.run(["rm", "-rf", str(out)], check=True)
+            launch(name, out, [*args.override, f"--config.seed={seed}"], budget, runs / f"{name}-s{seed}.log")
+        if args.imitation:
+            imitate(name, budget, args.seeds[0], args.override, runs / f"{name}-imitation")
     rows = []
-    for name in RUNS:  # the table keeps earlier runs of envs not rerun now
-        out = RESULTS / "runs" / name
-        if name in names and not args.plot_only:
-            out, wall = train(name, RUNS[name], args.override)
-            (out / "wall_s.txt").write_text(f"{wall:.1f}\n")
-        if not (out / "metrics.jsonl").is_file():
-            continue
-        wall_file = out / "wall_s.txt"
-        wall = float(wall_file.read_text()) if wall_file.is_file() else None
-        png = plot_run(out, RESULTS / f"learning_curve_{name}.png", title=f"{name} (tiny preset)")
-        print(f"wrote {png}")
-        rows.append(summarize(name, out, wall))
-    table = ["| env | train steps | wall min | val success at step 0 (warm-started) | best val success "
-             "| last val success | last - start | other val splits (last) "
-             "| first-turn I(X;Z) nats (retrieval@1 vs chance), first -> last |",
-             "|---|---|---|---|---|---|---|---|---|", *rows]
+    for name in RUNS:  # the table keeps earlier runs of presets not rerun now
+        row = summarize(name, args.seeds, runs, prior_s.get(name))
+        if row:
+            rows.append(row)
+            variant = f", {args.tag}" if args.tag else ""
+            print(f"wrote {plot(name, args.seeds, runs, f'{name} (tiny preset{variant})')}")
+    table = ["| env | seeds | prior build min | RL steps (mean) | RL wall min | val success at step 0 "
+             "(starting policy) | last val success (mean ± sd) | best val (mean) | gain last - start "
+             "(mean [min, max]) | imitation control start -> end | first-turn I(X;Z) nats, first -> last |",
+             "|---|---|---|---|---|---|---|---|---|---|---|", *rows]
     text = "\n".join(table) + "\n"
     print(text)
-    md = RESULTS / "learning_curves.md"
+    md = RESULTS / f"learning_curves{'_' + args.tag if args.tag else ''}.md"
     header = (f"# Learning curves, tiny presets ({os.cpu_count()} CPU cores)\n\n"
-              f"`python experiments/learning_curves.py` (validation: 256 fixed seeds, T=0.5).\n\n")
+              "`python experiments/learning_curves.py` (validation: 256 fixed seeds, T=0.5; "
+              "see the script's docstring).\n\n")
     md.write_text(header + text)
     print(f"wrote {md}")
 

@@ -156,11 +156,20 @@ class CriticConfig:
 
 @frozen
 class WarmstartConfig:
-    steps: int = 0  # format-only SFT steps before RL (tiny presets: > 0)
+    steps: int = 0  # supervised warm-start steps before RL (tiny presets: > 0)
     batch_size: int = 16  # trajectories per warm-start step
     lr: float = 1e-3  # warm-start learning rate
-    episodes: int = 256  # random-valid-action episodes generated for it
+    episodes: int = 256  # episodes generated for it
     legal_actions: bool = False  # draw only state-changing actions (no walking into walls)
+    solver_share: float = 0.0  # share of actions that are the env's optimal move (BFS), the rest random legal; 0 = format only
+    seed: int = -1  # seed of its data and of the model it starts from; -1 = the run's seed (set it to share one starting policy across runs)
+    cache: bool = True  # tiny model: keep the result under $RAGEN_JAX_CACHE (default ~/.cache/ragen_jax) and reuse it
+
+    def __post_init__(self):
+        if not 0.0 <= self.solver_share <= 1.0:
+            raise ConfigError(f"warmstart.solver_share must be in [0, 1], got {self.solver_share}")
+        _at_least("warmstart", self, ("steps",), 0)
+        _at_least("warmstart", self, ("batch_size", "episodes"), 1)
 
 
 @frozen

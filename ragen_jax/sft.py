@@ -1,10 +1,13 @@
 """Supervised stages before RL: a format-only warm-start and SFT on chat trajectories.
 
-* ``warmstart_data``: plays the env with answers built from *random valid actions* (never
-  from a solver; ``rollout.scripted.RandomActionPolicy``), through the same multi-turn
-  rollout and chat format as RL, so the policy learns only the answer format
-  (``<answer>Up || Left</answer>`` and the end-of-turn token), not the task. The tiny preset
-  needs this: a random-init model cannot emit a parsable answer.
+* ``warmstart_data``: plays the env through the same multi-turn rollout and chat format as
+  RL, answering with *random valid actions* (``rollout.scripted.RandomActionPolicy``: the
+  policy learns only the answer format, ``<answer>Up || Left</answer>`` and the end-of-turn
+  token, not the task; a random-init model cannot emit a parsable answer without it) or,
+  with ``solver_share`` > 0, with a mixture of the env's optimal moves and random legal ones
+  (``SolverMixturePolicy``: the tiny presets' instruct-like starting policy).
+* ``cache_key`` / ``save_params`` / ``load_params``: the warm-started tiny model kept on
+  disk (safetensors) under a hash of everything that made it, so runs share one prior.
 * ``conversation_data``: a JSONL of chat trajectories (``{"messages": [{"role", "content"},
   ...]}``, system first; the ``trajectories.jsonl`` our evaluation writes qualifies), tokenised
   with the model's chat template; the loss covers assistant contents and their end-of-turn.
@@ -13,8 +16,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +28,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from safetensors import SafetensorError
+from safetensors.numpy import load_file, save_file
 
 from ragen_jax.rollout.agent import AgentRollout, RolloutConfig, row_state
 from ragen_jax.rollout.context import ChatFormat, ContextConfig
-from ragen_jax.rollout.scripted import RandomActionPolicy
+from ragen_jax.rollout.scripted import RandomActionPolicy, SolverMixturePolicy
 from ragen_jax.starpo.token_scores import token_logprobs
 
 
 def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutConfig,
                    episodes: int, seed: int, *, legal_only: bool = False,
-                   metrics: dict | None = None) -> dict[str, np.ndarray]:
+                   solver_share: float = 0.0, metrics: dict | None = None) -> dict[str, np.ndarray]:
     """Token arrays (``input_ids``, ``attention_mask``, ``position_ids``, ``loss_mask``,
     ``group_ids``) of about ``episodes`` episodes answered by ``RandomActionPolicy``.
 
@@ -47,7 +54,9 @@ def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutCon
     with no look-ahead, so nothing about the goal is taught. What it adds is a reason to read
     the state: with purely random answers the policy starts with answers independent of its
     input (I(X;Z) = 0, RAGEN V2's template collapse) and on FrozenLake and Sokoban RL never
-    left that point. ``metrics``, when given, receives the generated episodes' rollout metrics
+    left that point. ``solver_share`` > 0 answers with ``SolverMixturePolicy`` instead: each
+    action is the env's optimal move with that probability (else random legal), which teaches
+    the task a little, as an instruct checkpoint knows it a little. ``metrics``, when given, receives the generated episodes' rollout metrics
     (without the env tag: ``action_is_effective``, ``success``, ...).
     """
     rollout = AgentRollout(env, env_params, tokenizer, config)
@@ -55,8 +64,12 @@ def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutCon
     n_actions = len(env.action_names_for(row_state(first, 0)))
     groups = max(1, episodes // n_actions)
     group_seeds = 2**30 + seed * 100_003 + np.arange(groups)  # far from train/val seeds
-    policy = RandomActionPolicy(env, env_params, tokenizer, config.context, seed,
-                                legal_only=legal_only)
+    if solver_share > 0:
+        policy = SolverMixturePolicy(env, env_params, tokenizer, config.context, seed,
+                                     solver_share=solver_share)
+    else:
+        policy = RandomActionPolicy(env, env_params, tokenizer, config.context, seed,
+                                    legal_only=legal_only)
     batch = rollout.collect(policy, group_seeds, jax.random.key(seed), group_size=n_actions)
     if batch.metrics[f"{rollout.tag}/format_error_rate"] > 0:
         raise AssertionError("warm-start answers do not parse; the chat format changed?")
@@ -157,3 +170,59 @@ def train_sft(model: Any, data: dict[str, np.ndarray], *, steps: int, batch_size
             log(f"sft step {i + 1}/{steps}: loss {losses[-1]:.4f}")
     nnx.update(model, params)
     return losses
+
+
+# ----------------------------------------------------------------------------------------------
+# The warm-started model on disk
+# ----------------------------------------------------------------------------------------------
+
+CACHE_FORMAT = 1  # bump when what a cached prior means changes without its inputs changing
+
+
+def cache_dir() -> Path:
+    """``$RAGEN_JAX_CACHE``, default ``~/.cache/ragen_jax``."""
+    return Path(os.environ.get("RAGEN_JAX_CACHE") or Path.home() / ".cache" / "ragen_jax")
+
+
+def cache_key(**inputs: Any) -> str:
+    """A short hash of ``inputs`` (JSON-able after ``repr`` of the odd value): the name of a
+    cached warm-start, which changes whenever anything that made it changes."""
+    text = json.dumps({"format": CACHE_FORMAT, **inputs}, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def _flat(model: Any) -> dict[str, Any]:
+    return {"/".join(map(str, path)): v for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+
+def save_params(model: Any, folder: Path, meta: dict[str, Any]) -> None:
+    """Writes ``model``'s parameters (``params.safetensors``) and ``meta`` (``meta.json``)
+    into ``folder`` atomically: a reader sees all of it or nothing."""
+    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_file({k: np.asarray(jax.device_get(v.get_value())) for k, v in _flat(model).items()},
+              str(tmp / "params.safetensors"))
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+    shutil.rmtree(folder, ignore_errors=True)  # a broken copy (``load_params`` refused it)
+    try:
+        tmp.rename(folder)
+    except OSError:  # another process wrote it meanwhile: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_params(model: Any, folder: Path) -> dict[str, Any] | None:
+    """Loads ``folder``'s parameters into ``model`` in place (shardings kept) and returns its
+    meta; ``None`` (model untouched) when the folder is missing, incomplete or of another
+    shape."""
+    try:
+        arrays = load_file(str(folder / "params.safetensors"))
+        meta = json.loads((folder / "meta.json").read_text())
+    except (OSError, ValueError, SafetensorError):
+        return None
+    flat = _flat(model)
+    if set(arrays) != set(flat) or any(arrays[k].shape != v.get_value().shape for k, v in flat.items()):
+        return None
+    for k, v in flat.items():
+        old = v.get_value()
+        v.set_value(jax.device_put(arrays[k].astype(old.dtype), old.sharding))
+    return meta

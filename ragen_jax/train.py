@@ -92,6 +92,7 @@ class Trainer:
         self.monitor = CollapseMonitor(run.diagnostics, seed=run.seed,
                                        enable_think=run.rollout.enable_think)
         self.streaks = Streaks()
+        self.warmstart_loaded_from: Path | None = None  # the cache folder, when it was read
         self.step = 0
         self.logger: MetricsLogger | None = None
         self._stop_signal: int | None = None
@@ -171,30 +172,63 @@ class Trainer:
         return dist.mean_metrics(metrics), main
 
     def warmstart(self) -> dict[str, float]:
-        """The supervised stages before RL (SFT, then the format warm-start), in place on the
-        actor; the step-0 state (optimizers, critic, reference) is rebuilt from the result."""
-        from ragen_jax.sft import conversation_data, train_sft, warmstart_data
+        """The supervised stages before RL (SFT, then the warm-start), in place on the actor;
+        the step-0 state (optimizers, critic, reference) is rebuilt from the result. A tiny
+        model's warm-start is cached on disk (``warmstart.cache``): built once per
+        configuration, then loaded."""
+        from ragen_jax import sft
 
         run, out = self.run, {}
         fit = dict(seed=run.seed, trainable=trained(run.model), log=self.log)
         if run.sft.steps:
-            data = conversation_data(run.sft.data, self.tokenizer, max_len=run.rollout.max_model_len)
-            losses = train_sft(self.actor, data, steps=run.sft.steps, batch_size=run.sft.batch_size,
-                               lr=run.sft.lr, **fit)
+            data = sft.conversation_data(run.sft.data, self.tokenizer, max_len=run.rollout.max_model_len)
+            losses = sft.train_sft(self.actor, data, steps=run.sft.steps, batch_size=run.sft.batch_size,
+                                   lr=run.sft.lr, **fit)
             out["sft/loss_first"], out["sft/loss_last"] = losses[0], losses[-1]
         w = run.warmstart
         if w.steps:
-            stats: dict = {}
-            rollout = self.rollouts[self.tag]
-            data = warmstart_data(rollout.env, rollout.env_params, self.tokenizer, self.plan.rollout,
-                                  episodes=w.episodes, seed=run.seed, legal_only=w.legal_actions,
-                                  metrics=stats)
-            out["warmstart/action_is_effective"] = stats["action_is_effective"]
-            losses = train_sft(self.actor, data, steps=w.steps, batch_size=w.batch_size, lr=w.lr, **fit)
-            out["warmstart/loss_first"], out["warmstart/loss_last"] = losses[0], losses[-1]
+            seed = run.seed if w.seed < 0 else w.seed
+            tiny = not run.model.path and not run.model.lora_rank and not run.sft.steps
+            if tiny and seed != run.seed:
+                self.actor = build_actor(run.model, seed, self.mesh)
+            folder = self._warmstart_folder(seed) if tiny and w.cache else None
+            meta = sft.load_params(self.actor, folder) if folder else None
+            self.warmstart_loaded_from = folder if meta is not None else None
+            if meta is not None:
+                self.log(f"warm-start loaded from {folder}")
+                out |= meta  # the metrics of the build, so a run's step 0 reads the same
+            else:
+                out |= self._warmstart_sft(w, seed, fit | {"seed": seed})
+                if folder is not None and self.is_main:
+                    sft.save_params(self.actor, folder, out)
+                    self.log(f"warm-start saved to {folder}")
         self._init_state()
         self._refresh_policy()
         return out
+
+    def _warmstart_folder(self, seed: int) -> Path:
+        """Where this configuration's warm-started tiny model is cached."""
+        from ragen_jax import sft
+
+        run = self.run
+        key = sft.cache_key(model=dataclasses.asdict(run.model), env=dataclasses.asdict(run.env),
+                            context=self.plan.rollout, seed=seed,
+                            warmstart=dataclasses.asdict(run.warmstart) | {"seed": seed},
+                            vocab=sorted(self.tokenizer.get_vocab().items()))
+        return sft.cache_dir() / f"warmstart-{run.env.name}-{key}"
+
+    def _warmstart_sft(self, w: Any, seed: int, fit: dict[str, Any]) -> dict[str, float]:
+        from ragen_jax.sft import train_sft, warmstart_data
+
+        stats: dict = {}
+        rollout = self.rollouts[self.tag]
+        data = warmstart_data(rollout.env, rollout.env_params, self.tokenizer, self.plan.rollout,
+                              episodes=w.episodes, seed=seed, legal_only=w.legal_actions,
+                              solver_share=w.solver_share, metrics=stats)
+        losses = train_sft(self.actor, data, steps=w.steps, batch_size=w.batch_size, lr=w.lr, **fit)
+        return {"warmstart/action_is_effective": stats["action_is_effective"],
+                "warmstart/data_success": stats["success"],
+                "warmstart/loss_first": losses[0], "warmstart/loss_last": losses[-1]}
 
     def _init_state(self) -> None:
         """The step-0 ``TrainState`` of the actor as it is now, and the update for it."""

@@ -65,6 +65,8 @@ def test_update_config_defaults_equal_the_schema():
     ("trainer", "total_steps", 0, "trainer.total_steps must be >= 1"),
     ("rollout", "temperature", "hot", "rollout.temperature: expected float, got 'hot'"),
     ("trainer", "logger", 3, "trainer.logger: expected tuple"),
+    ("warmstart", "solver_share", 1.5, "warmstart.solver_share must be in [0, 1], got 1.5"),
+    ("warmstart", "episodes", 0, "warmstart.episodes must be >= 1"),
 ])
 def test_bad_values_name_the_field(section, field, value, message):
     c = to_config_dict().to_dict()  # a config file or config.json can hold any type

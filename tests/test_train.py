@@ -383,3 +383,33 @@ def test_sharded_run_on_8_devices_matches_one_device(tmp_path):
     for key in ("train/Bandit/score", "train/Bandit/response_length", "actor/pg_loss",
                 "actor/entropy", "actor/grad_norm"):
         np.testing.assert_allclose(b[key], a[key], rtol=1e-3, atol=1e-5, err_msg=key)
+
+
+def test_warmstart_is_cached_by_its_inputs(tmp_path, monkeypatch):
+    import chex
+
+    from ragen_jax.train import Trainer
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("RAGEN_JAX_CACHE", str(cache))
+    params = lambda t: nnx.state(t.actor, nnx.Param)  # noqa: E731
+    first = Trainer(micro_config(tmp_path / "a"))
+    built = first.warmstart()
+    assert first.warmstart_loaded_from is None and len(list(cache.iterdir())) == 1
+    # Another run of the same prior (another run seed, the warm-start's pinned) loads it.
+    again = Trainer(micro_config(tmp_path / "b", extra=("--config.seed=3", "--config.warmstart.seed=0")))
+    assert again.warmstart() == built  # the build's metrics, so step 0 logs the same
+    assert again.warmstart_loaded_from == first._warmstart_folder(0)
+    chex.assert_trees_all_equal(params(first), params(again))
+    # Changing what makes it builds another; a broken copy is rebuilt, not read.
+    other = Trainer(micro_config(tmp_path / "c", extra=("--config.warmstart.lr=5e-3",)))
+    other.warmstart()
+    assert other.warmstart_loaded_from is None and len(list(cache.iterdir())) == 2
+    (first._warmstart_folder(0) / "params.safetensors").write_bytes(b"broken")
+    rebuilt = Trainer(micro_config(tmp_path / "d"))
+    rebuilt.warmstart()
+    assert rebuilt.warmstart_loaded_from is None
+    chex.assert_trees_all_equal(params(first), params(rebuilt))  # deterministic
+    reread = Trainer(micro_config(tmp_path / "e"))
+    reread.warmstart()
+    assert reread.warmstart_loaded_from is not None

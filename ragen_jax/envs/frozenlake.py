@@ -197,7 +197,17 @@ class FrozenLake(TextEnv[EnvState, EnvParams]):
             }
         )
 
-    # ---- host-side text -------------------------------------------------------------------
+    # ---- host-side text and solver -------------------------------------------------------
+
+    def solve(self, state: EnvState) -> list[int] | None:
+        """Shortest path to the goal of one unbatched state (``frozenlake_solver``)."""
+        from ragen_jax.envs.frozenlake_solver import solve  # it imports this module
+
+        return solve(np.asarray(state.holes), np.asarray(state.player), np.asarray(state.goal))
+
+    def observation_note(self) -> str:
+        """What the system message says about reading the state (``coord``: the board)."""
+        return board_note(self.size, self.size) if self.observation_format == "coord" else ""
 
     def render_text(self, state: EnvState, fmt: str | None = None) -> str:
         """The text for one unbatched state, in ``fmt`` (default: the constructor's format)."""
@@ -220,10 +230,17 @@ def symbol_grid(state: EnvState) -> np.ndarray:
     return grid
 
 
+def board_note(rows: int, cols: int) -> str:
+    """How ``coord`` coordinates read: said once in the system message (as RAGEN's
+    CoordFrozenLake instruction does), not in every turn's state."""
+    return (f"Board size: {rows} rows x {cols} cols; coordinates are (row, col), from (0, 0) at "
+            f"the top left to ({rows - 1}, {cols - 1}) at the bottom right.")
+
+
 def coord_text(state: EnvState) -> str:
-    """The ``coord`` rendering of one host state: one clearly labelled line per item."""
+    """The ``coord`` rendering of one host state: one clearly labelled line per item (the
+    board's size and orientation are in ``board_note``)."""
     holes = np.asarray(state.holes, bool)
-    rows, cols = holes.shape
     start = tuple(int(v) for v in np.asarray(state.start))
     goal = tuple(int(v) for v in np.asarray(state.goal))
     player = tuple(int(v) for v in np.asarray(state.player))
@@ -236,8 +253,6 @@ def coord_text(state: EnvState) -> str:
         player_line = f"Player: {player}"
     return "\n".join(
         [
-            f"Board size: {rows} rows x {cols} cols; coordinates are (row, col), "
-            f"from (0, 0) at the top left to ({rows - 1}, {cols - 1}) at the bottom right.",
             f"Start: {start}",
             f"Goal: {goal}",
             player_line,

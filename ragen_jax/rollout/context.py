@@ -65,8 +65,8 @@ ENV_INSTRUCTIONS = {
     ),
     "FrozenLake": (
         "You are walking on a frozen lake. Reach the goal G without falling into a hole O. The "
-        "ice is slippery, so you may move in a direction you did not choose. The answer should "
-        "be a sequence of actions, like <answer>Left || Up</answer>"
+        "ice may be slippery, so you may move in a direction you did not choose. The answer "
+        "should be a sequence of actions, like <answer>Left || Up</answer>"
     ),
     "Bandit": (
         "You are playing a bandit game. Infer the risk of each arm from its name and choose the "
@@ -140,12 +140,16 @@ class ContextConfig:
 
 
 def system_message(env: Any, action_names: Sequence[str], cfg: ContextConfig) -> str:
-    """RAGEN's system message: prefix, env instruction, symbol legend, available actions."""
+    """RAGEN's system message: prefix, env instruction, the env's ``observation_note()``
+    (how to read its state, if it has one), symbol legend, available actions."""
     name = type(env).__name__
     instruction = cfg.env_instruction
     if instruction is None:
         instruction = ENV_INSTRUCTIONS.get(name, "")
     text = cfg.system_prefix + instruction
+    note = getattr(env, "observation_note", None)
+    if callable(note) and note():
+        text += "\n" + note()
     if getattr(env, "observation_format", "grid") in ("grid", "grid_coord"):
         legend_fn = getattr(env, "symbol_legend", None)
         legend = legend_fn() if callable(legend_fn) else ENV_LEGENDS.get(name)

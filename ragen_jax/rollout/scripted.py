@@ -2,9 +2,9 @@
 
 ``ScriptedPolicy`` has the sampler's call interface, so ``AgentRollout.collect`` plays it
 exactly like a model: its answers go through the same chat format, parsing, env steps and
-batch assembly. It drives the format warm-start (``RandomActionPolicy``, answering with
-random valid or legal actions; see ``sft.warmstart_data``) and the rollout tests (chosen
-token streams).
+batch assembly. It drives the warm-starts (``RandomActionPolicy``, answering with random
+valid or legal actions, and ``SolverMixturePolicy``, mixing in the env's optimal moves; see
+``sft.warmstart_data``) and the rollout tests (chosen token streams).
 """
 
 from __future__ import annotations
@@ -140,10 +140,12 @@ class LegalActions:
 
 
 def random_legal_actions(rng: np.random.Generator, legal_actions: LegalActions, state: Any,
-                         k: int, opening: int | None = None) -> list[int]:
+                         k: int, opening: int | None = None, *,
+                         prefer: Callable[[Any], int | None] | None = None) -> list[int]:
     """Up to ``k`` actions played in order from ``state``, each drawn uniformly from those
     legal in the state the previous ones lead to (no look-ahead); stops early when one ends
-    the episode. With ``opening`` the first is ``legal[opening mod len(legal)]`` (no draw)."""
+    the episode. With ``opening`` the first is ``legal[opening mod len(legal)]`` (no draw).
+    ``prefer(state)``, when given and not None, replaces the draw (after it is made)."""
     picks: list[int] = []
     for j in range(k):
         legal, nxt, ended = legal_actions(state)
@@ -151,6 +153,8 @@ def random_legal_actions(rng: np.random.Generator, legal_actions: LegalActions, 
             a = int(legal[opening % len(legal)])
         else:
             a = int(rng.choice(legal))
+            preferred = None if prefer is None else prefer(state)
+            a = a if preferred is None else int(preferred)
         picks.append(a)
         if ended[a]:
             break
@@ -182,20 +186,56 @@ class RandomActionPolicy(ScriptedPolicy):
 
     def _answer(self, row: int, call: int, _prompt: list[int], state: Any) -> list[int]:
         if state is None:
-            raise ValueError("RandomActionPolicy needs env_states (call it from a rollout)")
+            raise ValueError(f"{type(self).__name__} needs env_states (call it from a rollout)")
         names = tuple(self.env.action_names_for(state))
         k = int(self.rng.integers(1, self.context.max_actions_per_turn + 1))
-        opening = row if call == 0 else None
-        if self.legal_only:
-            legal = self._legal_actions(len(names))
-            picks = random_legal_actions(self.rng, legal, state, k, opening)
-        else:
-            picks = random_actions(self.rng, len(names), k, opening)
+        picks = self._picks(row, call, state, len(names), k)
         text = answer_text([names[a] for a in picks], self.context)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.eot_id]
+
+    def _picks(self, row: int, call: int, state: Any, num_actions: int, k: int) -> list[int]:
+        opening = row if call == 0 else None
+        if self.legal_only:
+            return random_legal_actions(self.rng, self._legal_actions(num_actions), state, k, opening)
+        return random_actions(self.rng, num_actions, k, opening)
 
     def _legal_actions(self, num_actions: int) -> LegalActions:
         if self._legal is None or self._legal.n != num_actions:
             self._legal = LegalActions(self.env, self.env_params, num_actions,
                                        self.context.max_actions_per_turn)
         return self._legal
+
+
+# ----------------------------------------------------------------------------------------------
+# Solver-mixture answers (the instruct-like warm-start)
+# ----------------------------------------------------------------------------------------------
+
+
+class SolverMixturePolicy(RandomActionPolicy):
+    """``RandomActionPolicy`` whose every action is, with probability ``solver_share``, the
+    env's optimal next move (``TextEnv.solve``; BFS for Sokoban and FrozenLake) instead of a
+    random one: the tiny stand-in for an instruct checkpoint, which reads the board a little.
+
+    The share decides how good the data are: 0 is ``RandomActionPolicy`` with ``legal_only``
+    (minus its balanced opening), 1 a solver. There is no balanced opening here: the first
+    action is drawn like every other, so the data prefer the optimal opening by ``share``.
+    A state the solver cannot finish gets the random move.
+    """
+
+    def __init__(self, env: Any, env_params: Any, tokenizer: Any, context: ContextConfig,
+                 seed: int, solver_share: float):
+        if not 0.0 <= solver_share <= 1.0:
+            raise ValueError(f"solver_share must be in [0, 1], got {solver_share}")
+        super().__init__(env, env_params, tokenizer, context, seed, legal_only=True)
+        self.solver_share = float(solver_share)
+
+    def _solver_move(self, state: Any) -> int | None:
+        if self.rng.random() >= self.solver_share:
+            return None
+        path = self.env.solve(state)
+        return path[0] if path else None
+
+    def _picks(self, row: int, call: int, state: Any, num_actions: int, k: int) -> list[int]:
+        del row, call
+        return random_legal_actions(self.rng, self._legal_actions(num_actions), state, k,
+                                    prefer=self._solver_move)

@@ -284,9 +284,10 @@ def test_render_grid_and_coord():
     assert FrozenLake(observation_format="coord").render_text(state) == ENV.render_text(
         state, "coord")
     coord = ENV.render_text(state, "coord").split("\n")
-    assert coord[0].startswith("Board size: 4 rows x 4 cols") and "(3, 3)" in coord[0]
-    assert "(5, 5)" not in coord[0]
-    assert coord[1:] == ["Start: (0, 0)", "Goal: (3, 3)", "Player: (1, 2)",
+    note = FrozenLake(observation_format="coord").observation_note()
+    assert note.startswith("Board size: 4 rows x 4 cols") and "(3, 3)" in note
+    assert "(5, 5)" not in note and ENV.observation_note() == ""  # the grid needs no note
+    assert coord == ["Start: (0, 0)", "Goal: (3, 3)", "Player: (1, 2)",
                          "Holes: (0, 3), (2, 1)"]
     in_hole = state.replace(player=np.array([2, 1]))
     assert ENV.render_text(in_hole) == "___O\n____\n_X__\n___G"
@@ -305,7 +306,7 @@ def test_render_matches_get_obs_and_board_size(maps6):
     for i in range(20):
         one = jax.tree.map(lambda x, i=i: np.asarray(x[i]), states)
         assert ENV6.render_text(one).split("\n") == symbols(obs[i])
-        assert "6 rows x 6 cols" in ENV6.render_text(one, "coord")
+    assert "6 rows x 6 cols" in FrozenLake(size=6, observation_format="coord").observation_note()
 
 
 def test_spaces_contain_reset_and_step_outputs():
@@ -432,3 +433,45 @@ def test_gymnax_step_auto_resets(seed, actions):
         assert as_map(new) == as_map(expected) and int(new.time) == int(expected.time)
         np.testing.assert_array_equal(obs, expected_obs)
         state = new
+
+
+# ---- the BFS solver (solver-mixture warm-start) --------------------------------------------
+
+
+def ref_shortest_length(holes, goal, player):
+    """Fewest moves to the goal by expanding ``ref_step`` move sequences level by level."""
+    frontier, seen = {player}, {player}
+    for depth in range(len(holes) ** 2):
+        if goal in frontier:
+            return depth
+        nxt = set()
+        for p in frontier:
+            for move in REF_DELTAS:
+                q, _, done, _ = ref_step(holes, goal, p, move)
+                if q not in seen and not (done and q != goal):
+                    nxt.add(q)
+        seen |= nxt
+        frontier = nxt
+    return None
+
+
+def test_solver_paths_are_shortest_and_reach_the_goal(maps4):
+    from ragen_jax.envs.frozenlake_solver import solve
+
+    _, states = maps4[1]
+    states = jax.tree.map(np.asarray, states)
+    params = PARAMS.replace(is_slippery=False)
+    for i in range(40):
+        holes, _, goal, player = as_map(states, i)
+        state = jax.tree.map(lambda x, i=i: x[i], states)
+        path = ENV.solve(state)
+        assert path == solve(np.array(holes), np.array(player), np.array(goal))
+        assert len(path) == ref_shortest_length(holes, goal, player)
+        for j, a in enumerate(path):  # replayed in the JAX env it ends on the goal, not before
+            _, state, reward, done, _ = jit_step(jax.random.key(j), state, a, params)
+            assert bool(done) == (j == len(path) - 1) and float(reward) == float(j == len(path) - 1)
+    walled = np.zeros((4, 4), bool)
+    walled[2, 3] = walled[3, 2] = True
+    assert solve(walled, np.array([0, 0]), np.array([3, 3])) is None  # goal cut off
+    assert solve(walled, np.array([3, 3]), np.array([3, 3])) == []  # already there
+    assert solve(walled, np.array([2, 3]), np.array([0, 0])) is None  # in a hole

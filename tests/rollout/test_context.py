@@ -43,6 +43,10 @@ def test_system_message_states_true_per_turn_limit():
     assert "meaning of each symbol" not in system_message(coord, coord.action_names, CFG)
     fl, _ = make("frozenlake")
     assert "O: hole, G: goal" in system_message(fl, fl.action_names, CFG)
+    fl_coord, _ = make("frozenlake", observation_format="coord")  # the board is said once
+    text = system_message(fl_coord, fl_coord.action_names, CFG)
+    assert "like <answer>Left || Up</answer>\nBoard size: 4 rows x 4 cols;" in text
+    assert "O: hole" not in text and "Board size" not in system_message(fl, fl.action_names, CFG)
     custom = system_message(env, env.action_names, ContextConfig(env_instruction="Push."))
     assert custom.startswith("You're a helpful assistant. Push.\n")
 

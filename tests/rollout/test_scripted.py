@@ -40,3 +40,26 @@ def test_random_action_policy_opens_each_group_with_every_action():
     assert len(policy.calls) == 2
     with pytest.raises(ValueError, match="env_states"):
         policy([[1, 2]], params=SamplingParams())
+
+
+def test_solver_mixture_policy_share_one_solves_and_share_zero_is_random_legal():
+    from ragen_jax.rollout.scripted import SolverMixturePolicy
+
+    tok = tk.load(None)
+    env, params = make("frozenlake", observation_format="coord", success_rate=1.0)
+    cfg = RolloutConfig(max_turn=5, response_length=24, enable_think=False)
+    rollout = AgentRollout(env, params, tok, cfg)
+    seeds = np.arange(12)
+    solved = rollout.collect(SolverMixturePolicy(env, params, tok, cfg.context, 0, solver_share=1.0),
+                             seeds, jax.random.key(0), group_size=2)
+    assert solved.metrics["FrozenLake/success"] == 1.0  # every generated lake has a path
+    _, first = rollout.reset_envs(seeds)
+    for b, traj in enumerate(solved.trajectories):  # and it takes a shortest one
+        optimal = len(env.solve(jax.tree.map(lambda x, b=b: x[b // 2], first)))
+        assert sum(len(t["actions"]) for t in traj["turns"]) == optimal
+    mixed = rollout.collect(SolverMixturePolicy(env, params, tok, cfg.context, 0, solver_share=0.0),
+                            seeds, jax.random.key(0), group_size=2)
+    assert mixed.metrics["FrozenLake/action_is_effective"] == 1.0  # random, but legal
+    assert mixed.metrics["FrozenLake/success"] < 0.7
+    with pytest.raises(ValueError, match="solver_share"):
+        SolverMixturePolicy(env, params, tok, cfg.context, 0, solver_share=1.5)

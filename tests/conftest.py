@@ -1,0 +1,16 @@
+"""Every test session caches warm-starts in its own folder, never in the user's cache."""
+
+import os
+
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_warmstart_cache(tmp_path_factory):
+    old = os.environ.get("RAGEN_JAX_CACHE")
+    os.environ["RAGEN_JAX_CACHE"] = str(tmp_path_factory.mktemp("ragen_jax_cache"))
+    yield
+    if old is None:
+        os.environ.pop("RAGEN_JAX_CACHE", None)
+    else:
+        os.environ["RAGEN_JAX_CACHE"] = old
