@@ -47,9 +47,3 @@ class TextEnv(environment.Environment[TState, TParams], Generic[TState, TParams]
         """The text the agent reads for one unbatched state (host side)."""
         raise NotImplementedError(f"{self.name} must implement render_text")
 
-    def solve(self, state: TState) -> list[int] | None:
-        """An optimal action sequence from one unbatched state (host side; ``[]`` when the
-        task is done, ``None`` when it cannot be finished). Optional: the solver-mixture
-        warm-start (``warmstart.solver_share``) needs it."""
-        raise NotImplementedError(f"{self.name} has no solver (TextEnv.solve)")
-

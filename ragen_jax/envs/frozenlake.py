@@ -197,13 +197,7 @@ class FrozenLake(TextEnv[EnvState, EnvParams]):
             }
         )
 
-    # ---- host-side text and solver -------------------------------------------------------
-
-    def solve(self, state: EnvState) -> list[int] | None:
-        """Shortest path to the goal of one unbatched state (``frozenlake_solver``)."""
-        from ragen_jax.envs.frozenlake_solver import solve  # it imports this module
-
-        return solve(np.asarray(state.holes), np.asarray(state.player), np.asarray(state.goal))
+    # ---- host-side text -------------------------------------------------------------------
 
     def observation_note(self) -> str:
         """What the system message says about reading the state (``coord``: the board)."""

@@ -213,13 +213,6 @@ class Sokoban(TextEnv[EnvState, EnvParams]):
 
     # ------------------------------------------------------------------ text (host side)
 
-    def solve(self, state: EnvState) -> list[int] | None:
-        """An optimal (fewest-steps) solution of one unbatched state (``sokoban_solver``)."""
-        from ragen_jax.envs.sokoban_solver import solve  # it imports this module
-
-        return solve(np.asarray(state.room_fixed), np.asarray(state.boxes), np.asarray(state.player),
-                     max_states=200_000)
-
     def render_text(self, state: EnvState, observation_format: str | None = None) -> str:
         """RAGEN's text observation of one unbatched state: ``grid``, ``coord`` or
         ``grid_coord``."""

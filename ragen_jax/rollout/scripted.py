@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ragen_jax.envs.solvers import solve
 from ragen_jax.rollout.agent import env_functions, row_state
 from ragen_jax.rollout.context import ChatFormat, ContextConfig
 from ragen_jax.rollout.sampler import SampleOutput, SamplingParams, pad_prompts
@@ -213,7 +214,7 @@ class RandomActionPolicy(ScriptedPolicy):
 
 class SolverMixturePolicy(RandomActionPolicy):
     """``RandomActionPolicy`` whose every action is, with probability ``solver_share``, the
-    env's optimal next move (``TextEnv.solve``; BFS for Sokoban and FrozenLake) instead of a
+    env's optimal next move (``envs.solvers.solve``; BFS for Sokoban and FrozenLake) instead of a
     random one: the tiny stand-in for an instruct checkpoint, which reads the board a little.
 
     The share decides how good the data are: 0 is ``RandomActionPolicy`` with ``legal_only``
@@ -232,7 +233,7 @@ class SolverMixturePolicy(RandomActionPolicy):
     def _solver_move(self, state: Any) -> int | None:
         if self.rng.random() >= self.solver_share:
             return None
-        path = self.env.solve(state)
+        path = solve(self.env, state)
         return path[0] if path else None
 
     def _picks(self, row: int, call: int, state: Any, num_actions: int, k: int) -> list[int]:

@@ -456,6 +456,7 @@ def ref_shortest_length(holes, goal, player):
 
 
 def test_solver_paths_are_shortest_and_reach_the_goal(maps4):
+    from ragen_jax.envs import solvers
     from ragen_jax.envs.frozenlake_solver import solve
 
     _, states = maps4[1]
@@ -464,7 +465,7 @@ def test_solver_paths_are_shortest_and_reach_the_goal(maps4):
     for i in range(40):
         holes, _, goal, player = as_map(states, i)
         state = jax.tree.map(lambda x, i=i: x[i], states)
-        path = ENV.solve(state)
+        path = solvers.solve(ENV, state)
         assert path == solve(np.array(holes), np.array(player), np.array(goal))
         assert len(path) == ref_shortest_length(holes, goal, player)
         for j, a in enumerate(path):  # replayed in the JAX env it ends on the goal, not before

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ragen_jax.envs import solvers
 from ragen_jax.envs.sokoban import (
     _STAMPS,
     WALK_DIRECTIONS,
@@ -138,6 +139,8 @@ def test_levels_are_solvable_and_unsolved(env, n):
         assert fixed[tuple(np.asarray(s.player))] != 0 and not boxes[tuple(np.asarray(s.player))]
         plan = solve(fixed, boxes, np.asarray(s.player))
         assert plan, f"level {i} has no solution"
+        if i < 5:  # the warm-start's dispatch reaches the same solver
+            assert solvers.solve(env, s) == plan
         lengths.append(len(plan))
         if i < 20:  # replaying the solver's plan in the JAX env solves the level
             for a in plan:

@@ -43,6 +43,7 @@ def test_random_action_policy_opens_each_group_with_every_action():
 
 
 def test_solver_mixture_policy_share_one_solves_and_share_zero_is_random_legal():
+    from ragen_jax.envs.solvers import solve
     from ragen_jax.rollout.scripted import SolverMixturePolicy
 
     tok = tk.load(None)
@@ -55,7 +56,7 @@ def test_solver_mixture_policy_share_one_solves_and_share_zero_is_random_legal()
     assert solved.metrics["FrozenLake/success"] == 1.0  # every generated lake has a path
     _, first = rollout.reset_envs(seeds)
     for b, traj in enumerate(solved.trajectories):  # and it takes a shortest one
-        optimal = len(env.solve(jax.tree.map(lambda x, b=b: x[b // 2], first)))
+        optimal = len(solve(env, jax.tree.map(lambda x, b=b: x[b // 2], first)))
         assert sum(len(t["actions"]) for t in traj["turns"]) == optimal
     mixed = rollout.collect(SolverMixturePolicy(env, params, tok, cfg.context, 0, solver_share=0.0),
                             seeds, jax.random.key(0), group_size=2)
