@@ -76,8 +76,9 @@ class FrozenLake(TextEnv[EnvState, EnvParams]):
 
     Observation (``get_obs``): the [size, size] int8 grid of codes into ``SYMBOLS``
     (``P _ O G X √``: player, frozen incl. the start, hole, goal, player in hole, player on goal).
-    Text (``render_text``): ``grid`` (the symbols, rows joined by newlines) or ``coord`` (board
-    size, start, goal, player and holes as ``(row, col)``).
+    Text (``render_text``): ``grid`` (the symbols, rows joined by newlines) or ``coord`` (start,
+    goal, player and holes as ``(row, col)``; the board size and orientation are said once, in
+    the system message: ``observation_note``).
 
     Differences from RAGEN, all deliberate:
 
@@ -88,8 +89,8 @@ class FrozenLake(TextEnv[EnvState, EnvParams]):
       on the agent's action budget.
     - The map is redrawn at most ``MAX_MAP_DRAWS`` times; if no draw has a path (only plausible
       for ``p`` near 0), the last draw's holes are all cleared. RAGEN would loop forever.
-    - The ``coord`` text states the real board size; RAGEN's coordinate hint says (5, 5) on a
-      4x4 map.
+    - The ``coord`` board note (in the system message) states the real board size; RAGEN's
+      hint says (5, 5) on a 4x4 map.
     - ``goal_reward`` is a param (RAGEN's is fixed at 1).
     """
 

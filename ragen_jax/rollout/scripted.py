@@ -15,7 +15,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from ragen_jax.envs.solvers import solve
 from ragen_jax.rollout.agent import env_functions, row_state
 from ragen_jax.rollout.context import ChatFormat, ContextConfig
 from ragen_jax.rollout.sampler import SampleOutput, SamplingParams, pad_prompts
@@ -231,6 +230,10 @@ class SolverMixturePolicy(RandomActionPolicy):
         self.solver_share = float(solver_share)
 
     def _solver_move(self, state: Any) -> int | None:
+        # Imported here: ragen_jax.envs starts JAX's backend at import, and importing
+        # ragen_jax.rollout must not (launch.py reads the config before jax.distributed).
+        from ragen_jax.envs.solvers import solve
+
         if self.rng.random() >= self.solver_share:
             return None
         path = solve(self.env, state)
