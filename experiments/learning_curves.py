@@ -92,10 +92,9 @@ def imitate(name: str, budget: float, seed: int, extra: list[str], out: Path, po
     t = Trainer(c)
     t.warmstart()  # the cached starting policy
     w, tag = t.run.warmstart, t.tag
-    data_seed = t.run.seed if w.seed < 0 else w.seed
     rollout = t.rollouts[tag]
     data = warmstart_data(rollout.env, rollout.env_params, t.tokenizer, t.plan.rollout,
-                          episodes=w.episodes, seed=data_seed, legal_only=w.legal_actions,
+                          episodes=w.episodes, seed=w.seed_for(t.run.seed), legal_only=w.legal_actions,
                           solver_share=w.solver_share)
     curve, steps, spent = [], 0, 0.0
 
@@ -113,8 +112,7 @@ def imitate(name: str, budget: float, seed: int, extra: list[str], out: Path, po
         spent += time.perf_counter() - t0
         steps += chunk
         if spent >= budget * len(curve) / points or spent >= budget:
-            t._init_state()  # the sampler follows the actor
-            t._refresh_policy()
+            t.restart_from_actor()
             record()
     out.mkdir(parents=True, exist_ok=True)
     (out / "curve.json").write_text(json.dumps(curve, indent=1))

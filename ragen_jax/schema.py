@@ -171,6 +171,10 @@ class WarmstartConfig:
         _at_least("warmstart", self, ("steps",), 0)
         _at_least("warmstart", self, ("batch_size", "episodes"), 1)
 
+    def seed_for(self, run_seed: int) -> int:
+        """The seed of the warm-start's data and starting model in a run seeded ``run_seed``."""
+        return run_seed if self.seed < 0 else self.seed
+
 
 @frozen
 class SFTConfig:

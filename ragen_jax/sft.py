@@ -1,11 +1,12 @@
-"""Supervised stages before RL: a format-only warm-start and SFT on chat trajectories.
+"""Supervised stages before RL: the warm-start and SFT on chat trajectories.
 
 * ``warmstart_data``: plays the env through the same multi-turn rollout and chat format as
   RL, answering with *random valid actions* (``rollout.scripted.RandomActionPolicy``: the
   policy learns only the answer format, ``<answer>Up || Left</answer>`` and the end-of-turn
   token, not the task; a random-init model cannot emit a parsable answer without it) or,
   with ``solver_share`` > 0, with a mixture of the env's optimal moves and random legal ones
-  (``SolverMixturePolicy``: the tiny presets' instruct-like starting policy).
+  (``SolverMixturePolicy``: meant as an instruct-like starting policy for the tiny model; an
+  option, not yet a preset default, see the README).
 * ``cache_key`` / ``save_params`` / ``load_params``: the warm-started tiny model kept on
   disk (safetensors) under a hash of everything that made it, so runs share one prior.
 * ``conversation_data``: a JSONL of chat trajectories (``{"messages": [{"role", "content"},
@@ -54,10 +55,11 @@ def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutCon
     with no look-ahead, so nothing about the goal is taught. What it adds is a reason to read
     the state: with purely random answers the policy starts with answers independent of its
     input (I(X;Z) = 0, RAGEN V2's template collapse) and on FrozenLake and Sokoban RL never
-    left that point. ``solver_share`` > 0 answers with ``SolverMixturePolicy`` instead: each
-    action is the env's optimal move with that probability (else random legal), which teaches
-    the task a little, as an instruct checkpoint knows it a little. ``metrics``, when given, receives the generated episodes' rollout metrics
-    (without the env tag: ``action_is_effective``, ``success``, ...).
+    left that point. ``solver_share`` > 0 answers with ``SolverMixturePolicy`` instead (and
+    ignores ``legal_only``: its random moves are always legal): each action is the env's
+    optimal move with that probability, which is meant to teach the task a little, as an
+    instruct checkpoint knows it a little. ``metrics``, when given, receives the generated
+    episodes' rollout metrics (without the env tag: ``action_is_effective``, ``success``, ...).
     """
     rollout = AgentRollout(env, env_params, tokenizer, config)
     _, first = rollout.reset_envs(np.zeros(1, np.int64))

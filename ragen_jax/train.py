@@ -187,7 +187,7 @@ class Trainer:
             out["sft/loss_first"], out["sft/loss_last"] = losses[0], losses[-1]
         w = run.warmstart
         if w.steps:
-            seed = run.seed if w.seed < 0 else w.seed
+            seed = w.seed_for(run.seed)
             tiny = not run.model.path and not run.model.lora_rank and not run.sft.steps
             if tiny and seed != run.seed:
                 self.actor = build_actor(run.model, seed, self.mesh)
@@ -202,9 +202,14 @@ class Trainer:
                 if folder is not None and self.is_main:
                     sft.save_params(self.actor, folder, out)
                     self.log(f"warm-start saved to {folder}")
+        self.restart_from_actor()
+        return out
+
+    def restart_from_actor(self) -> None:
+        """Rebuilds the step-0 state (optimizers, critic, reference) from the actor as it is
+        now, after training it outside the RL loop, and points the sampler at it."""
         self._init_state()
         self._refresh_policy()
-        return out
 
     def _warmstart_folder(self, seed: int) -> Path:
         """Where this configuration's warm-started tiny model is cached."""
@@ -212,7 +217,7 @@ class Trainer:
 
         run = self.run
         key = sft.cache_key(model=dataclasses.asdict(run.model), env=dataclasses.asdict(run.env),
-                            context=self.plan.rollout, seed=seed,
+                            context=self.plan.rollout,
                             warmstart=dataclasses.asdict(run.warmstart) | {"seed": seed},
                             vocab=sorted(self.tokenizer.get_vocab().items()))
         return sft.cache_dir() / f"warmstart-{run.env.name}-{key}"
