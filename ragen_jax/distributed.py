@@ -102,6 +102,14 @@ def global_rows(x: np.ndarray, mesh: Mesh) -> jax.Array:
     return jax.make_array_from_process_local_data(sharding, np.asarray(x))
 
 
+def replicated(x: np.ndarray, mesh: Mesh) -> jax.Array:
+    """``x`` (the same on every process) as an array replicated on every device of ``mesh``."""
+    sharding = NamedSharding(mesh, PartitionSpec())
+    if not multiprocess():
+        return jax.device_put(x, sharding)
+    return jax.make_array_from_process_local_data(sharding, np.asarray(x))
+
+
 def allgather(x: Any) -> np.ndarray:
     """Host values of every process, stacked on a new leading axis ``[P, ...]``."""
     x = np.asarray(x)

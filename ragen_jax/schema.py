@@ -130,6 +130,7 @@ class ActorConfig:
     ppo_epochs: int = 1  # passes over a batch (RAGEN: 1)
     micro_batches: int = 1  # gradient-accumulation chunks per mini-batch (memory only)
     recompute_logprobs: bool = True  # old log-probs from a forward pass (RAGEN) vs the sampler's
+    share_prefix: bool = True  # a group's common first prompt runs once per forward pass of the update, not once per row (exact)
 
     def __post_init__(self):
         _choice("actor.lr_schedule", self.lr_schedule, ("constant", "cosine"))

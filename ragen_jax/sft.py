@@ -35,7 +35,9 @@ from safetensors.numpy import load_file, save_file
 from ragen_jax.rollout.agent import AgentRollout, RolloutConfig, row_state
 from ragen_jax.rollout.context import ChatFormat, ContextConfig
 from ragen_jax.rollout.scripted import RandomActionPolicy, SolverMixturePolicy
+from ragen_jax.starpo.rows import after_prefix, group_prefix_lengths, prefix_table
 from ragen_jax.starpo.token_scores import token_logprobs
+from ragen_jax.starpo.update import Prefixes
 
 
 def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutConfig,
@@ -128,28 +130,36 @@ def conversation_data(path: str | os.PathLike, tokenizer: Any, *, max_len: int,
     return out
 
 
-def sft_loss(model: Any, batch: dict[str, jax.Array]) -> jax.Array:
-    """Mean negative log-likelihood of the ``loss_mask`` tokens."""
+def sft_loss(model: Any, batch: dict[str, jax.Array], prefixes: Prefixes | None = None
+             ) -> jax.Array:
+    """Mean negative log-likelihood of the ``loss_mask`` tokens (of the rows continuing
+    ``prefixes[batch["prefix_index"]]``, when given)."""
     mask = batch["loss_mask"].astype(jnp.float32)
+    prefix = None
+    if prefixes is not None:
+        prefix = prefixes.run(model).take(batch["prefix_index"])
     logp, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"],
-                             batch["position_ids"], loss_mask=mask)
+                             batch["position_ids"], loss_mask=mask, prefix=prefix)
     return -jnp.sum(logp * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
 def train_sft(model: Any, data: dict[str, np.ndarray], *, steps: int, batch_size: int, lr: float,
-              seed: int, trainable: Any = nnx.Param, log: Any = None) -> list[float]:
+              seed: int, trainable: Any = nnx.Param, log: Any = None,
+              share_prefix: bool = True) -> list[float]:
     """``steps`` AdamW steps on random mini-batches of ``data``; updates ``model`` in place
     and returns the loss per step. ``trainable`` is the NNX filter of trained variables
     (``nnx.LoRAParam`` with adapters). With ``data["group_ids"]`` (rows of a group
     contiguous, equal sizes) mini-batches take whole groups: the warm-start's answers to one
-    prompt then meet in one gradient, whose preference terms cancel."""
+    prompt then meet in one gradient, whose preference terms cancel; each group's common
+    first prompt then runs once per step (``starpo.rows.group_prefix_lengths``, exact)."""
     graphdef, params, rest = nnx.split(model, trainable, ...)
     optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(lr, weight_decay=0.0))
     opt_state = optimizer.init(params)
 
     @jax.jit
-    def step(params, opt_state, batch):
-        loss, grads = jax.value_and_grad(lambda p: sft_loss(nnx.merge(graphdef, p, rest), batch))(params)
+    def step(params, opt_state, batch, prefixes):
+        loss, grads = jax.value_and_grad(
+            lambda p: sft_loss(nnx.merge(graphdef, p, rest), batch, prefixes))(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
@@ -158,15 +168,24 @@ def train_sft(model: Any, data: dict[str, np.ndarray], *, steps: int, batch_size
     data = {k: v for k, v in data.items() if k != "group_ids"}
     n = data["input_ids"].shape[0]
     size = 1 if groups is None else n // (int(groups.max()) + 1)
+    table = None
+    if groups is not None and share_prefix:  # rows: what follows their group's prompt
+        lengths = group_prefix_lengths(data["input_ids"], data["loss_mask"], groups)
+        table = prefix_table(data["input_ids"], lengths, groups, pad_multiple=16)
+        data = after_prefix(data, lengths[groups], pad_multiple=16)
     # Trim the common padding so the step compiles for the data's real width only.
     width = int(data["attention_mask"].any(0).nonzero()[0].max()) + 1
     losses = []
     for i in range(steps):
         k = max(1, batch_size // size)
-        idx = rng.choice(n // size, size=min(k, n // size), replace=False)
-        idx = (idx[:, None] * size + np.arange(size)).reshape(-1)
+        picked = rng.choice(n // size, size=min(k, n // size), replace=False)
+        idx = (picked[:, None] * size + np.arange(size)).reshape(-1)
         batch = {k: jnp.asarray(v[idx, :width]) for k, v in data.items()}
-        params, opt_state, loss = step(params, opt_state, batch)
+        prefixes = None
+        if table is not None:
+            batch["prefix_index"] = jnp.repeat(jnp.arange(picked.size), size)
+            prefixes = Prefixes(jnp.asarray(table[0][picked]), jnp.asarray(table[1][picked]))
+        params, opt_state, loss = step(params, opt_state, batch, prefixes)
         losses.append(float(loss))
         if log is not None and (i + 1) % max(steps // 5, 1) == 0:
             log(f"sft step {i + 1}/{steps}: loss {losses[-1]:.4f}")

@@ -129,7 +129,8 @@ class Trainer:
             batch, np.asarray(keep)[part], np.asarray(weights).reshape(groups, -1)[part].reshape(-1),
             group_offset=part.start, mini_batch_size=self.run.actor.ppo_mini_batch_size,
             pad_multiple=self.run.rollout.pad_multiple, group_buckets=buckets, mesh=self.mesh,
-            rng=np.random.default_rng([self.run.seed, self.step, jax.process_index()]))
+            rng=np.random.default_rng([self.run.seed, self.step, jax.process_index()]),
+            share_prefixes=self.run.actor.share_prefix)
         if rows is None:
             return metrics | {"train/update_skipped_empty": 1.0} | timings
 

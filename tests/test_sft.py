@@ -118,3 +118,22 @@ def test_legal_only_warmstart_never_wastes_a_move(tok, name):
     assert legal_stats["action_is_effective"] == 1.0  # every executed action moved something
     assert random_stats["action_is_effective"] < 0.95  # random answers bump into walls
     assert legal_stats["format_error_rate"] == 0.0 and data["input_ids"].shape[0] == 32
+
+
+def test_train_sft_with_shared_group_prompts_equals_whole_rows(tok):
+    """Each warm-start group's common prompt runs once per step; the losses and the trained
+    weights equal those of every row running its own copy."""
+    env, params = make("frozenlake", observation_format="coord")
+    cfg = RolloutConfig(max_turn=2, max_actions_per_traj=4, response_length=16, enable_think=False)
+    data = warmstart_data(env, params, tok, cfg, episodes=16, seed=0, legal_only=True)
+    runs = []
+    for share in (False, True):
+        model = Qwen2ForCausalLM(QwenConfig.tiny(hidden_size=32, intermediate_size=64,
+                                                 num_hidden_layers=2, num_attention_heads=4,
+                                                 num_key_value_heads=2, head_dim=8),
+                                 rngs=nnx.Rngs(0))
+        losses = train_sft(model, data, steps=3, batch_size=8, lr=1e-3, seed=0, share_prefix=share)
+        runs.append((losses, [np.asarray(v) for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param))]))
+    np.testing.assert_allclose(runs[0][0], runs[1][0], rtol=1e-5)
+    for a, b in zip(runs[0][1], runs[1][1], strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)

@@ -432,10 +432,13 @@ class Qwen2Attention(nnx.Module):
                              spec=("fsdp", "tensor"), **kw)
 
     def __call__(self, x, positions, attn_mask, layer_cache=None, index=None, blocks=1,
-                 rows=None):
+                 rows=None, prefix_kv=None):
         """x [B, T, E]; attn_mask [B, T, S] bool (True = may attend).
 
-        Without a cache, S = T and keys are this call's tokens. With ``layer_cache = (k, v,
+        Without a cache, S = T and keys are this call's tokens, and the second output is this
+        call's keys and values ``(k [B, K, D, T], v [B, K, T, D])`` (``Qwen2Model.prefix``
+        keeps them); with ``prefix_kv`` (the same layout over P slots), S = P + T and the
+        queries see those slots first (a shared prefix, see ``Qwen2Model.prefix``). With ``layer_cache = (k, v,
         layer)``: ``layer`` None and this layer's cache [B, K, D, S], [B, K, S, D], or the
         stacked cache [L, B, K, D, S], [L, B, K, S, D] and this layer's index; the new
         keys/values are written at slot ``index`` in place, and the updated
@@ -468,6 +471,11 @@ class Qwen2Attention(nnx.Module):
                 k = jax.lax.dynamic_index_in_dim(ck, layer, keepdims=False)  # [B, K, D, S]
                 v = jax.lax.dynamic_index_in_dim(cv, layer, keepdims=False)  # [B, K, S, D]
             layer_cache = (ck, cv, layer)
+        else:
+            layer_cache = (k, v)
+            if prefix_kv is not None:
+                k = jnp.concatenate([prefix_kv[0].astype(k.dtype), k], axis=-1)  # [B, K, D, P + T]
+                v = jnp.concatenate([prefix_kv[1].astype(v.dtype), v], axis=-2)  # [B, K, P + T, D]
         groups = c.num_attention_heads // c.num_key_value_heads
         q = q.reshape(b, t, c.num_key_value_heads, groups, c.head_dim)
         q = q.transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
@@ -548,9 +556,9 @@ class Qwen2DecoderLayer(nnx.Module):
         self.mlp = Qwen2MLP(config, rngs=rngs)
 
     def __call__(self, x, positions, attn_mask, layer_cache=None, index=None, blocks=1,
-                 rows=None):
+                 rows=None, prefix_kv=None):
         h, layer_cache = self.self_attn(self.input_layernorm(x), positions, attn_mask,
-                                        layer_cache, index, blocks, rows)
+                                        layer_cache, index, blocks, rows, prefix_kv)
         if rows is not None:  # only these tokens go on: [B, 1, E]
             x = take_rows(x, rows)
         x = x + h
@@ -603,6 +611,25 @@ def layer_at(graphdef, state, i) -> nnx.Module:
         lambda w: jax.lax.dynamic_index_in_dim(w, i, keepdims=False), state))
 
 
+@flax.struct.dataclass
+class SharedPrefix:
+    """What ``Qwen2Model.prefix`` keeps of ``G`` prefixes: every layer's keys and values
+    (``k [L, G, K, D, P]``, ``v [L, G, K, P, D]``), the real-token ``mask [G, P]`` and the
+    final normed hidden state at the last real token, ``last_hidden [G, E]`` (it predicts
+    the first token after the prefix)."""
+
+    k: jax.Array
+    v: jax.Array
+    mask: jax.Array
+    last_hidden: jax.Array
+
+    def take(self, rows: jax.Array) -> SharedPrefix:
+        """The prefix of each of ``B`` sequences: ``rows [B]`` indexes the ``G`` prefixes."""
+        return SharedPrefix(k=jnp.take(self.k, rows, axis=1), v=jnp.take(self.v, rows, axis=1),
+                            mask=jnp.take(self.mask, rows, axis=0),
+                            last_hidden=jnp.take(self.last_hidden, rows, axis=0))
+
+
 class Qwen2Model(nnx.Module):
     """Embedding, decoder layers and the final norm. The layers are one stacked
     ``Qwen2DecoderLayer`` (leading layer axis on every variable, see the module docstring),
@@ -639,40 +666,72 @@ class Qwen2Model(nnx.Module):
             return x
         return jax.lax.with_sharding_constraint(x, self.activation_sharding)
 
-    def _layers_no_cache(self, x, positions, attn_mask):
+    def _layers_no_cache(self, x, positions, attn_mask, prefix_kv=None):
         """All layers on ``x [B, T, E]`` without a cache (training, scoring): one ``lax.scan``
         over the stacked layer variables (unrolled unless ``config.scan_layers``), each layer
-        under the ``config.remat`` policy. Gradients come back stacked, like the weights."""
+        under the ``config.remat`` policy. Gradients come back stacked, like the weights.
+        Returns the output and every layer's keys and values, stacked ``[L, ...]`` (dropped
+        by XLA where unused). ``prefix_kv``: stacked keys and values every layer attends to
+        before ``x``'s tokens (``Qwen2Model.prefix``)."""
         graphdef = nnx.graphdef(self.layers if self.stacked else self.layers[0])
 
-        def run(x, layer_state):
-            x, _ = nnx.merge(graphdef, layer_state)(x, positions, attn_mask)
-            return self._constrain(x)
+        def run(x, layer_state, pkv):
+            x, kv = nnx.merge(graphdef, layer_state)(x, positions, attn_mask, prefix_kv=pkv)
+            return self._constrain(x), kv
 
         if self.config.remat != "none":
             run = jax.checkpoint(run, policy=REMAT_POLICIES[self.config.remat])
         if not self.stacked:
-            for layer in self.layers:
-                x = run(x, nnx.state(layer))
-            return x
-        x, _ = jax.lax.scan(lambda x, s: (run(x, s), None), x, nnx.state(self.layers),
+            kvs = []
+            for i, layer in enumerate(self.layers):
+                pkv = None if prefix_kv is None else jax.tree.map(lambda a, i=i: a[i], prefix_kv)
+                x, kv = run(x, nnx.state(layer), pkv)
+                kvs.append(kv)
+            return x, jax.tree.map(lambda *a: jnp.stack(a), *kvs)
+        return jax.lax.scan(lambda x, s: run(x, *s), x, (nnx.state(self.layers), prefix_kv),
                             unroll=1 if self.config.scan_layers else True)
-        return x
+
+    def prefix(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array
+               ) -> SharedPrefix:
+        """Runs ``G`` prefixes once (e.g. a group's shared prompt) and keeps what the
+        sequences continuing them need: every layer's keys and values and the final hidden
+        state at each prefix's last real token. ``tokens``, ``positions``, ``attention_mask``
+        [G, P]. ``__call__(..., prefix=p.take(rows))`` then runs the continuations as if
+        each were one sequence with its prefix, and gradients flow back through the prefix
+        (the sum over its continuations)."""
+        mask = attention_mask.astype(bool)
+        x = self._constrain(self.embed_tokens(tokens))  # [G, P, E]
+        x, (k, v) = self._layers_no_cache(x, positions, mask_causal(mask))
+        last = jnp.maximum(jnp.sum(mask, axis=1) - 1, 0)  # [G]
+        hidden = self.norm(take_rows(x, last))[:, 0]  # [G, E]
+        return SharedPrefix(k=k, v=v, mask=mask, last_hidden=hidden)
 
     def __call__(self, tokens: jax.Array, positions: jax.Array,
                  attention_mask: jax.Array | None = None, cache: KVCache | None = None,
-                 rows: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
+                 rows: jax.Array | None = None, *, prefix: SharedPrefix | None = None
+                 ) -> tuple[jax.Array, KVCache | None]:
         """The final normed hidden states [B, T, E] and the updated cache (see
         ``Qwen2ForCausalLM.__call__`` for the arguments). With ``rows`` [B] the states of
         token ``rows[b]`` only, [B, 1, E]: the last layer then runs its queries, output
-        projection and MLP on that token alone (every layer still fills the cache)."""
+        projection and MLP on that token alone (every layer still fills the cache). With
+        ``prefix`` (``Qwen2Model.prefix(...).take(...)``, one row per sequence; no cache),
+        the tokens continue that prefix: they attend to its real tokens, and ``positions``
+        go on from it."""
         b, t = tokens.shape
         mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
         x = self._constrain(self.embed_tokens(tokens))  # [B, T, E]
 
+        if prefix is not None:
+            if cache is not None or rows is not None:
+                raise ValueError("a shared prefix is for full forward passes (no cache or rows)")
+            attn_mask = jnp.concatenate(  # [B, T, P + T]
+                [jnp.broadcast_to(prefix.mask[:, None, :], (b, t, prefix.mask.shape[1])),
+                 mask_causal(mask)], axis=2)
+            x, _ = self._layers_no_cache(x, positions, attn_mask, (prefix.k, prefix.v))
+            return self.norm(x), None
         if cache is None:
             if rows is None:
-                return self.norm(self._layers_no_cache(x, positions, mask_causal(mask))), None
+                return self.norm(self._layers_no_cache(x, positions, mask_causal(mask))[0]), None
             attn_mask, index, kv = mask_causal(mask), None, None
         else:
             index = cache.index
@@ -810,9 +869,11 @@ class Qwen2ForValue(nnx.Module):
         return critic
 
     def __call__(self, tokens: jax.Array, positions: jax.Array,
-                 attention_mask: jax.Array | None = None) -> jax.Array:
-        """Values [B, T] float32: the value of the state after reading token t."""
-        x, _ = self.model(tokens, positions, attention_mask)
+                 attention_mask: jax.Array | None = None, *,
+                 prefix: SharedPrefix | None = None) -> jax.Array:
+        """Values [B, T] float32: the value of the state after reading token t (of the
+        sequences continuing ``prefix``, when given: see ``Qwen2Model.__call__``)."""
+        x, _ = self.model(tokens, positions, attention_mask, prefix=prefix)
         return self.score(x)[..., 0].astype(jnp.float32)
 
 

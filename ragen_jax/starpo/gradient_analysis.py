@@ -27,7 +27,14 @@ import optax
 from flax import nnx
 
 from ragen_jax.starpo import losses
-from ragen_jax.starpo.update import TrainBatch, UpdateConfig, actor_loss_terms
+from ragen_jax.starpo.update import (
+    Prefixes,
+    TrainBatch,
+    UpdateConfig,
+    actor_loss_terms,
+    rows_prefix,
+    shared_prefix_arrays,
+)
 
 
 def components(config: UpdateConfig) -> tuple[str, ...]:
@@ -59,7 +66,8 @@ def reward_std_buckets(scores: np.ndarray, num_buckets: int) -> tuple[np.ndarray
 
 def make_gradient_analysis(graphdef: Any, config: UpdateConfig, num_buckets: int,
                            micro_batches: int = 1) -> Callable:
-    """The jitted ``analyse(params, rest, batch: TrainBatch, bucket_ids [B]) -> dict``.
+    """The jitted ``analyse(params, rest, batch: TrainBatch, bucket_ids [B], prefixes=None)
+    -> dict`` (``prefixes``: the batch's shared prefixes, recomputed in every micro-batch).
 
     Returns ``{"<component>": norm, "bucket<k>/<component>": norm, "bucket<k>/rows": count}``
     (scalars): the global L2 norm of the gradient of each component of the actor loss over the
@@ -70,16 +78,19 @@ def make_gradient_analysis(graphdef: Any, config: UpdateConfig, num_buckets: int
     names = components(config)
     num_sel = 1 + num_buckets  # selection 0 = every row, 1 + k = bucket k
 
-    def numerators(params, rest, micro: TrainBatch, select: jax.Array) -> jax.Array:
+    def numerators(params, rest, micro: TrainBatch, select: jax.Array,
+                   prefixes: Prefixes | None) -> jax.Array:
         """Loss numerators of every (selection, component) on one micro-batch.  # [num_sel * C]"""
         model = nnx.merge(graphdef, params, rest)
-        terms, _ = actor_loss_terms(model, micro, config)
+        prefix = rows_prefix(shared_prefix_arrays(model, prefixes), prefixes, micro.prefix_index)
+        terms, _ = actor_loss_terms(model, micro, config, prefix)
         return jnp.stack([losses.aggregate(terms[c], micro.loss_mask * select[s][:, None],
                                            config.loss_agg_mode)[0]
                           for s in range(num_sel) for c in names])
 
     @jax.jit
-    def analyse(params, rest, batch: TrainBatch, bucket_ids: jax.Array) -> dict[str, jax.Array]:
+    def analyse(params, rest, batch: TrainBatch, bucket_ids: jax.Array,
+                prefixes: Prefixes | None = None) -> dict[str, jax.Array]:
         rows = batch.input_ids.shape[0]
         select = jnp.concatenate([jnp.ones((1, rows), jnp.float32),
                                   (bucket_ids[None, :] == jnp.arange(num_buckets)[:, None]
@@ -95,7 +106,7 @@ def make_gradient_analysis(graphdef: Any, config: UpdateConfig, num_buckets: int
             onehot = jax.nn.one_hot(index, num_sel * len(names))
 
             def accumulate(grads, mb):
-                g = jax.grad(lambda p: jnp.dot(numerators(p, rest, *mb), onehot))(params)
+                g = jax.grad(lambda p: jnp.dot(numerators(p, rest, *mb, prefixes), onehot))(params)
                 return jax.tree.map(jnp.add, grads, g), None
 
             grads, _ = jax.lax.scan(accumulate, jax.tree.map(jnp.zeros_like, params),

@@ -17,6 +17,7 @@ from jax.sharding import Mesh
 from ragen_jax import distributed as dist
 from ragen_jax.rollout.agent import RolloutBatch
 from ragen_jax.starpo.step import StepBatch
+from ragen_jax.starpo.update import Prefixes
 
 
 def select_rows(keep_groups: np.ndarray, group_ids: np.ndarray, multiple: int,
@@ -58,12 +59,16 @@ def turn_ends(loss_mask: np.ndarray, turn_ids: np.ndarray) -> np.ndarray:
 
 def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray, *,
                      group_offset: int, mini_batch_size: int, pad_multiple: int,
-                     group_buckets: np.ndarray, mesh: Mesh, rng: np.random.Generator
-                     ) -> StepBatch | None:
+                     group_buckets: np.ndarray, mesh: Mesh, rng: np.random.Generator,
+                     share_prefixes: bool = True) -> StepBatch | None:
     """The update's rows of this process's rollout ``batch`` (``None`` if no process kept
     any). ``keep [G_local]`` and ``weights [B_local]`` come from the filter, ``group_offset``
     is this process's first global group id, ``group_buckets [G]`` the reward-std bucket of
-    every global group (``starpo.gradient_analysis.reward_std_buckets``; zeros when unused)."""
+    every global group (``starpo.gradient_analysis.reward_std_buckets``; zeros when unused).
+
+    With ``share_prefixes`` each group's shared first prompt (``group_prefix_lengths``) goes
+    into a table computed once per forward pass (``StepBatch.prefixes``), and the rows hold
+    only what follows it: a group of n rows reads its prompt once instead of n times."""
     n_dev = mesh.shape["data"] * mesh.shape["fsdp"]
     multiple = math.lcm(mini_batch_size, n_dev)
     if dist.multiprocess():
@@ -81,13 +86,69 @@ def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
         return np.pad(x, ((0, 0), (0, width - x.shape[1]))) if x.shape[1] < width else x
 
     group_ids = batch.group_ids[rows] + group_offset
-    local = StepBatch(
+    tokens = dict(
         input_ids=cols(batch.input_ids), attention_mask=cols(batch.attention_mask),
         positions=cols(batch.position_ids),
         loss_mask=cols(batch.loss_mask.astype(np.float32) * (weights[:, None] > 0)),
         sampler_logp=cols(batch.model_logprobs), token_rewards=cols(batch.token_rewards),
-        turn_end=turn_ends(cols(batch.loss_mask), cols(batch.turn_ids)),
-        scores=batch.scores[rows], group_ids=group_ids.astype(np.int32),
+        turn_end=turn_ends(cols(batch.loss_mask), cols(batch.turn_ids)))
+    prefixes = None
+    if share_prefixes:
+        lengths = group_prefix_lengths(batch.input_ids, batch.loss_mask, batch.group_ids)
+        table = prefix_table(batch.input_ids, lengths, batch.group_ids, pad_multiple)
+        tokens = after_prefix(tokens, lengths[batch.group_ids[rows]], pad_multiple)
+        prefixes = Prefixes(*(dist.replicated(t, mesh) for t in table))
+    local = StepBatch(
+        **tokens, scores=batch.scores[rows], group_ids=group_ids.astype(np.int32),
         bucket_ids=np.asarray(group_buckets, np.int32)[group_ids],
-        advantage_scale=weights[rows].astype(np.float32))
-    return jax.tree.map(lambda x: dist.global_rows(x, mesh), local)
+        advantage_scale=weights[rows].astype(np.float32),
+        prefix_index=None if prefixes is None else group_ids.astype(np.int32))
+    return jax.tree.map(lambda x: dist.global_rows(x, mesh), local).replace(prefixes=prefixes)
+
+
+def group_prefix_lengths(input_ids: np.ndarray, loss_mask: np.ndarray,
+                         group_ids: np.ndarray) -> np.ndarray:
+    """The length of each group's shared prefix ``[G]``: the tokens every row of the group
+    has in common from the start, up to the first sampled token (a group's envs start from
+    one state, so this is its first prompt: system message and first observation)."""
+    sampled = loss_mask.astype(bool)
+    first_sampled = np.where(sampled.any(1), sampled.argmax(1), input_ids.shape[1])  # [B]
+    lengths = np.zeros(int(group_ids.max()) + 1, np.int64)
+    for g in range(lengths.size):
+        members = np.nonzero(group_ids == g)[0]
+        if members.size == 0:
+            continue
+        n = int(first_sampled[members].min())
+        differs = (input_ids[members, :n] != input_ids[members[0], :n]).any(0)
+        lengths[g] = int(differs.argmax()) if differs.any() else n
+    return lengths
+
+
+def prefix_table(input_ids: np.ndarray, lengths: np.ndarray, group_ids: np.ndarray,
+                 pad_multiple: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every process's group prefixes as one table (``input_ids``, ``attention_mask``
+    ``[G_global, P]``; row = global group id), ``P`` rounded up to ``pad_multiple``."""
+    width = int(dist.allgather(np.int64(lengths.max())).max())
+    width = max(-(-width // pad_multiple) * pad_multiple, pad_multiple)
+    ids = np.zeros((lengths.size, width), np.int32)
+    for g, n in enumerate(lengths):
+        if n:
+            ids[g, :n] = input_ids[np.argmax(group_ids == g), :n]
+    mask = np.arange(width)[None, :] < lengths[:, None]
+    gather = lambda x: dist.allgather(x).reshape(-1, width)  # noqa: E731
+    return gather(ids), gather(mask)
+
+
+def after_prefix(tokens: dict[str, np.ndarray], lengths: np.ndarray,
+                 pad_multiple: int) -> dict[str, np.ndarray]:
+    """The ``[B, L]`` arrays ``tokens`` shifted left by each row's prefix length
+    ``lengths [B]`` (what follows the prefix, from slot 0), cut to the global width."""
+    real = tokens["attention_mask"].sum(1) - lengths
+    width = int(dist.allgather(np.int64(real.max())).max())
+    width = max(-(-width // pad_multiple) * pad_multiple, pad_multiple)
+    index = lengths[:, None] + np.arange(width)[None, :]  # [B, W]
+    out = {}
+    for name, x in tokens.items():
+        padded = np.concatenate([x, np.zeros((x.shape[0], width), x.dtype)], 1)
+        out[name] = np.take_along_axis(padded, index, 1)
+    return out

@@ -32,6 +32,7 @@ from ragen_jax.starpo.estimators import AdvantageInputs, AdvantageSettings, comp
 from ragen_jax.starpo.losses import masked_mean
 from ragen_jax.starpo.update import (
     CriticBatch,
+    Prefixes,
     TrainBatch,
     UpdateConfig,
     critic_objective,
@@ -39,6 +40,8 @@ from ragen_jax.starpo.update import (
     make_optimizer,
     make_step_fn,
     mini_batch_epochs,
+    rows_prefix,
+    shared_prefix_arrays,
     token_logprobs,
     token_values,
 )
@@ -82,6 +85,10 @@ class StepBatch:
     group_ids: jax.Array  # [B] int32, global group ids
     bucket_ids: jax.Array  # [B] int32, reward-std bucket of the row's group (gradient analysis)
     advantage_scale: jax.Array  # [B] float32, the filter's loss scaling (RAGEN scales advantages)
+    # With shared prefixes (``rows.build_step_batch``), the [B, L] arrays hold what follows
+    # each row's prefix ``prefixes[prefix_index[b]]`` (its group's first prompt).
+    prefix_index: jax.Array | None = None  # [B] int32
+    prefixes: Prefixes | None = None  # [G, P] token table, computed once per forward pass
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,10 +129,13 @@ def make_update(settings: StepSettings, networks: Networks, mesh: Mesh | None = 
         networks.critic, s.critic, make_optimizer(s.critic), critic_objective, mesh)
 
     def logprobs(trained, rest, batch: StepBatch) -> jax.Array:
+        model = nnx.merge(networks.actor, trained, rest)
+        shared = shared_prefix_arrays(model, batch.prefixes)
+
         def one(rows):
-            model = nnx.merge(networks.actor, trained, rest)
             return token_logprobs(model, rows.input_ids, rows.attention_mask, rows.positions,
-                                  s.actor.temperature, loss_mask=rows.loss_mask)[0]
+                                  s.actor.temperature, loss_mask=rows.loss_mask,
+                                  prefix=rows_prefix(shared, batch.prefixes, rows.prefix_index))[0]
         return _chunked(one, batch, chunk)
 
     old_logprobs = logprobs if s.recompute_logprobs else (lambda trained, rest, batch: batch.sampler_logp)
@@ -159,15 +169,15 @@ def make_update(settings: StepSettings, networks: Networks, mesh: Mesh | None = 
                                                   values, returns)
             metrics |= critic_metrics
         rows = TrainBatch(batch.input_ids, batch.attention_mask, batch.positions,
-                          batch.loss_mask, old_logp, adv, ref_logp)
+                          batch.loss_mask, old_logp, adv, ref_logp, batch.prefix_index)
         if analyse_gradients:
             metrics |= _gradient_norms(s, networks.actor, state.actor, actor_rest, rows,
-                                       batch.bucket_ids, chunk)
+                                       batch.bucket_ids, chunk, batch.prefixes)
         if train_actor:
             lr = learning_rate(s.actor, state.step)
             actor, actor_opt, actor_metrics = mini_batch_epochs(
                 actor_step, state.actor, actor_rest, state.actor_opt, rows, lr,
-                epochs=s.epochs, mini_batch_size=s.mini_batch_size)
+                epochs=s.epochs, mini_batch_size=s.mini_batch_size, prefixes=batch.prefixes)
             state = state.replace(actor=actor, actor_opt=actor_opt)
             metrics |= actor_metrics | {"actor/lr": lr}
         return state.replace(step=state.step + 1), metrics
@@ -187,9 +197,12 @@ def make_update(settings: StepSettings, networks: Networks, mesh: Mesh | None = 
 
 def _critic_values(graphdef: Any, params: Any, rest: Any, batch: StepBatch, chunk: int) -> jax.Array:
     """The critic's values of the batch, ``chunk`` rows per forward pass.  # [B, L]"""
+    model = nnx.merge(graphdef, params, rest)
+    shared = shared_prefix_arrays(model, batch.prefixes)
+
     def one(rows):
-        model = nnx.merge(graphdef, params, rest)
-        return token_values(model, rows.input_ids, rows.attention_mask, rows.positions)
+        return token_values(model, rows.input_ids, rows.attention_mask, rows.positions,
+                            rows_prefix(shared, batch.prefixes, rows.prefix_index))
     return _chunked(one, batch, chunk)
 
 
@@ -198,10 +211,10 @@ def _train_critic(s: StepSettings, step: Callable, state: TrainState, rest: Any,
                   ) -> tuple[TrainState, dict[str, jax.Array]]:
     """The critic's epochs of mini-batch steps on the clipped value loss."""
     rows = CriticBatch(batch.input_ids, batch.attention_mask, batch.positions,
-                       batch.loss_mask, old_values, returns)
+                       batch.loss_mask, old_values, returns, batch.prefix_index)
     params, opt, metrics = mini_batch_epochs(
         step, state.critic, rest, state.critic_opt, rows, learning_rate(s.critic, state.step),
-        epochs=s.epochs, mini_batch_size=s.mini_batch_size)
+        epochs=s.epochs, mini_batch_size=s.mini_batch_size, prefixes=batch.prefixes)
     metrics = {k: v for k, v in metrics.items() if k.startswith("critic/")}
     metrics["critic/values_mean"] = masked_mean(old_values, batch.loss_mask > 0)
     return state.replace(critic=params, critic_opt=opt), metrics
@@ -209,7 +222,8 @@ def _train_critic(s: StepSettings, step: Callable, state: TrainState, rest: Any,
 
 def _chunked(fn: Callable[[StepBatch], jax.Array], batch: StepBatch, chunk: int) -> jax.Array:
     """``fn`` over consecutive ``chunk``-row slices of the batch (bounded activation memory),
-    concatenated back to ``[B, L]``."""
+    concatenated back to ``[B, L]``. The prefix table is not sliced (``fn`` gets it as None)."""
+    batch = batch.replace(prefixes=None)
     rows = batch.input_ids.shape[0]
     if rows % chunk:
         chunk = rows
@@ -219,11 +233,12 @@ def _chunked(fn: Callable[[StepBatch], jax.Array], batch: StepBatch, chunk: int)
 
 
 def _gradient_norms(s: StepSettings, graphdef: Any, actor: Any, rest: Any, rows: TrainBatch,
-                    bucket_ids: jax.Array, chunk: int) -> dict[str, jax.Array]:
+                    bucket_ids: jax.Array, chunk: int, prefixes: Prefixes | None
+                    ) -> dict[str, jax.Array]:
     """``grad_analysis/<name>``: the gradient norm of each actor-loss component by bucket,
     ``chunk`` rows per forward pass."""
     size = rows.input_ids.shape[0]
     micro = size // chunk if size % chunk == 0 else 1
     analyse = grad_lib.make_gradient_analysis(graphdef, s.actor, s.gradient_buckets, micro)
-    norms = analyse(actor, rest, rows, bucket_ids)
+    norms = analyse(actor, rest, rows, bucket_ids, prefixes)
     return {f"grad_analysis/{k}": v for k, v in norms.items()}

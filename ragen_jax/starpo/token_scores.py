@@ -20,7 +20,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ragen_jax.models.qwen import Qwen2ForCausalLM
+from ragen_jax.models.qwen import Qwen2ForCausalLM, SharedPrefix
 
 
 def _scores_fwd(logits: jax.Array, ids: jax.Array):
@@ -106,14 +106,21 @@ def target_logprobs(model: Qwen2ForCausalLM, hidden: jax.Array, targets: jax.Arr
 
 def token_logprobs(model: Qwen2ForCausalLM, input_ids: jax.Array, attention_mask: jax.Array,
                    positions: jax.Array, temperature: float = 1.0, *, chunk: int = 128,
-                   loss_mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+                   loss_mask: jax.Array | None = None, prefix: SharedPrefix | None = None
+                   ) -> tuple[jax.Array, jax.Array]:
     """``log p(token_j | tokens before j)`` and the entropy of that distribution, for every
-    slot ``j >= 1`` of ``input_ids [B, L]`` (slot 0 gets 0), at ``temperature``.
+    slot ``j >= 1`` of ``input_ids [B, L]`` (slot 0 gets 0), at ``temperature``. With
+    ``prefix`` (one row per sequence, ``Qwen2Model.prefix(...).take(...)``) the rows continue
+    it and slot 0 is scored too, from the prefix's last hidden state.
 
     With ``loss_mask [B, L]`` only its slots are scored (the others get 0, see
     ``target_logprobs``); their values equal those computed without it.  # [B, L], [B, L]
     """
-    hidden, _ = model.model(input_ids, positions, attention_mask)  # [B, L, E]
+    hidden, _ = model.model(input_ids, positions, attention_mask, prefix=prefix)  # [B, L, E]
+    if prefix is not None:  # the state before slot 0 is the prefix's last one
+        hidden = jnp.concatenate([prefix.last_hidden[:, None].astype(hidden.dtype), hidden], 1)
+        return target_logprobs(model, hidden[:, :-1], input_ids, temperature, chunk=chunk,
+                               mask=loss_mask)
     mask = None if loss_mask is None else loss_mask[:, 1:]
     logp, entropy = target_logprobs(model, hidden[:, :-1], input_ids[:, 1:], temperature,
                                     chunk=chunk, mask=mask)  # [B, L - 1]

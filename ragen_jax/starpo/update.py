@@ -36,7 +36,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
-from ragen_jax.models.qwen import Qwen2ForCausalLM, Qwen2ForValue, param_shardings
+from ragen_jax.models.qwen import Qwen2ForCausalLM, Qwen2ForValue, SharedPrefix, param_shardings
 from ragen_jax.sharding import batch_sharding
 from ragen_jax.starpo import losses
 from ragen_jax.starpo.token_scores import token_logprobs
@@ -101,6 +101,7 @@ class TrainBatch:
     old_logp: jax.Array  # [B, L] float32
     advantages: jax.Array  # [B, L] float32
     ref_logp: jax.Array | None = None  # [B, L] float32; None without a reference policy
+    prefix_index: jax.Array | None = None  # [B] int32: the rows continue these shared prefixes
 
 
 @flax.struct.dataclass
@@ -113,6 +114,41 @@ class CriticBatch:
     loss_mask: jax.Array  # [B, L] float32
     old_values: jax.Array  # [B, L] float32
     returns: jax.Array  # [B, L] float32
+    prefix_index: jax.Array | None = None  # [B] int32: the rows continue these shared prefixes
+
+
+@flax.struct.dataclass
+class Prefixes:
+    """The shared prefixes of a step's rows (a group's common first prompt, computed once
+    for the group): ``G`` token sequences, real tokens first. A batch with ``prefix_index``
+    holds only what follows its prefix, with positions going on from it, and its slot 0 is
+    scored from the prefix's last token."""
+
+    input_ids: jax.Array  # [G, P] int32
+    attention_mask: jax.Array  # [G, P] bool
+
+    def run(self, model: Qwen2ForCausalLM | Qwen2ForValue) -> SharedPrefix:
+        """The prefixes' keys, values and last hidden states under ``model``."""
+        positions = jnp.maximum(jnp.cumsum(self.attention_mask, axis=1) - 1, 0)
+        return model.model.prefix(self.input_ids, positions, self.attention_mask)
+
+
+def shared_prefix_arrays(model: Any, prefixes: Prefixes | None) -> tuple[jax.Array, ...] | None:
+    """``Prefixes.run`` as the float arrays a gradient flows through (k, v, last hidden)."""
+    if prefixes is None:
+        return None
+    p = prefixes.run(model)
+    return p.k, p.v, p.last_hidden
+
+
+def rows_prefix(arrays: tuple[jax.Array, ...] | None, prefixes: Prefixes | None,
+                index: jax.Array | None) -> SharedPrefix | None:
+    """Each row's prefix (``SharedPrefix.take``) from ``shared_prefix_arrays``' output."""
+    if arrays is None:
+        return None
+    k, v, last = arrays
+    return SharedPrefix(k=k, v=v, mask=prefixes.attention_mask.astype(bool),
+                        last_hidden=last).take(index)
 
 
 def make_optimizer(config: UpdateConfig) -> optax.GradientTransformation:
@@ -142,11 +178,14 @@ def learning_rate(config: UpdateConfig, step: jax.Array | int) -> jax.Array:
 
 
 def token_values(critic: Qwen2ForValue, input_ids: jax.Array, attention_mask: jax.Array,
-                 positions: jax.Array) -> jax.Array:
+                 positions: jax.Array, prefix: SharedPrefix | None = None) -> jax.Array:
     """The value of the state in which token ``j`` was generated (the critic's output at slot
-    ``j - 1``), aligned with ``token_logprobs``; slot 0 gets 0.  # [B, L]"""
-    values = critic(input_ids, positions, attention_mask)
-    return jnp.concatenate([jnp.zeros((values.shape[0], 1), values.dtype), values[:, :-1]], 1)
+    ``j - 1``), aligned with ``token_logprobs``; slot 0 gets 0, or with ``prefix`` the
+    value at the prefix's last token.  # [B, L]"""
+    values = critic(input_ids, positions, attention_mask, prefix=prefix)
+    first = (jnp.zeros((values.shape[0], 1), values.dtype) if prefix is None else
+             critic.score(prefix.last_hidden)[:, :1].astype(values.dtype))
+    return jnp.concatenate([first, values[:, :-1]], 1)
 
 
 def _micro_result(num_den: tuple[jax.Array, jax.Array], metrics: dict[str, jax.Array],
@@ -158,25 +197,28 @@ def _micro_result(num_den: tuple[jax.Array, jax.Array], metrics: dict[str, jax.A
     return num, (den, {k: v * tokens for k, v in metrics.items()} | {"tokens": tokens})
 
 
-def critic_objective(critic: Qwen2ForValue, batch: CriticBatch, config: UpdateConfig
+def critic_objective(critic: Qwen2ForValue, batch: CriticBatch, config: UpdateConfig,
+                     prefix: SharedPrefix | None = None
                      ) -> tuple[jax.Array, tuple[jax.Array, dict[str, jax.Array]]]:
     """Clipped value loss, in the same ``(numerator, (denominator, metric sums))`` form."""
-    values = token_values(critic, batch.input_ids, batch.attention_mask, batch.positions)
+    values = token_values(critic, batch.input_ids, batch.attention_mask, batch.positions, prefix)
     mask = batch.loss_mask
     vf, metrics = losses.value_loss(values, batch.old_values, batch.returns, mask, config.value_clip)
     metrics = {**metrics, "critic/vf_loss": losses.masked_mean(vf, mask)}
     return _micro_result(losses.aggregate(vf, mask, config.loss_agg_mode), metrics, mask)
 
 
-def actor_loss_terms(model: Qwen2ForCausalLM, batch: TrainBatch, config: UpdateConfig
+def actor_loss_terms(model: Qwen2ForCausalLM, batch: TrainBatch, config: UpdateConfig,
+                     prefix: SharedPrefix | None = None
                      ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
     """The actor loss's per-token terms as they enter it, coefficients applied: ``"pg"`` (the
     clipped surrogate), ``"entropy"`` (``-entropy_coeff * entropy``) and, when ``kl_coef > 0``,
     ``"kl"``; their sum is the loss before aggregation. Returns ``(terms, metrics)``, each
-    term ``[B, L]`` (shared by the update and ``gradient_analysis``)."""
+    term ``[B, L]`` (shared by the update and ``gradient_analysis``). ``prefix``: each row's
+    shared prefix (``rows_prefix``) when the batch has ``prefix_index``."""
     mask = batch.loss_mask
     logp, entropy = token_logprobs(model, batch.input_ids, batch.attention_mask, batch.positions,
-                                   config.temperature, loss_mask=mask)
+                                   config.temperature, loss_mask=mask, prefix=prefix)
     pg, pg_metrics = losses.policy_loss(logp, batch.old_logp, batch.advantages, mask,
                                         config.clip_low, config.clip_high, config.clip_c)
     terms = {"pg": pg, "entropy": -config.entropy_coeff * entropy}
@@ -192,11 +234,12 @@ def actor_loss_terms(model: Qwen2ForCausalLM, batch: TrainBatch, config: UpdateC
     return terms, metrics
 
 
-def actor_objective(model: Qwen2ForCausalLM, batch: TrainBatch, config: UpdateConfig
+def actor_objective(model: Qwen2ForCausalLM, batch: TrainBatch, config: UpdateConfig,
+                    prefix: SharedPrefix | None = None
                     ) -> tuple[jax.Array, tuple[jax.Array, dict[str, jax.Array]]]:
     """``(numerator, (denominator, metric sums))`` of the actor loss on one micro-batch;
     metric sums are weighted by the micro-batch's masked token count."""
-    terms, metrics = actor_loss_terms(model, batch, config)
+    terms, metrics = actor_loss_terms(model, batch, config, prefix)
     per_token = _sum_terms(terms)
     mask = batch.loss_mask
     return _micro_result(losses.aggregate(per_token, mask, config.loss_agg_mode), metrics, mask)
@@ -211,37 +254,50 @@ def make_step_fn(graphdef: Any, config: UpdateConfig,
                  optimizer: optax.GradientTransformation | None = None,
                  objective: Callable = actor_objective, mesh: Mesh | None = None) -> Callable:
     """The pure (not jitted) optimizer step
-    ``(params, rest, opt_state, batch, learning_rate) -> (params, opt_state, metrics)``.
+    ``(params, rest, opt_state, batch, learning_rate, prefixes=None) -> (params, opt_state,
+    metrics)``.
 
     ``graphdef, params, rest = nnx.split(model, nnx.Param, ...)``. ``objective`` is
     ``actor_objective`` (``TrainBatch``) or ``critic_objective`` (``CriticBatch``, on a
     ``Qwen2ForValue``). The batch's size must be divisible by ``config.micro_batches``.
+    With ``prefixes`` (the batch then has ``prefix_index``), the shared prefixes run once per
+    step, before the micro-batches, which gather them by row; their gradients are summed
+    over the micro-batches and taken back through the prefixes once (exact: the same
+    gradient as every row running its own copy).
     """
-    prefix = "actor" if objective is actor_objective else "critic"
+    role = "actor" if objective is actor_objective else "critic"
     optimizer = optimizer or make_optimizer(config)
     num_micro = config.micro_batches
 
-    def numerator(params, rest, micro):
+    def numerator(params, rest, micro, shared, prefixes):
         model = nnx.merge(graphdef, params, rest)
-        return objective(model, micro, config)
+        return objective(model, micro, config, rows_prefix(shared, prefixes, micro.prefix_index))
 
-    grad_fn = jax.grad(numerator, has_aux=True)
+    grad_fn = jax.grad(numerator, argnums=(0, 3), has_aux=True)
 
-    def step(params, rest, opt_state, batch, learning_rate):
+    def step(params, rest, opt_state, batch, learning_rate, prefixes=None):
         if mesh is not None:
             batch = jax.lax.with_sharding_constraint(batch, batch_sharding(mesh))
         micro = jax.tree.map(lambda x: interleave(x, num_micro), batch)
+        shared = pull_back = None
+        if prefixes is not None:
+            shared, pull_back = jax.vjp(
+                lambda p: shared_prefix_arrays(nnx.merge(graphdef, p, rest), prefixes), params)
 
         def accumulate(carry, mb):
-            grads, den, sums = carry
-            g, (d, s) = grad_fn(params, rest, mb)
-            return (jax.tree.map(jnp.add, grads, g), den + d,
-                    jax.tree.map(jnp.add, sums, s)), None
+            grads, g_shared, den, sums = carry
+            (g, gs), (d, s) = grad_fn(params, rest, mb, shared, prefixes)
+            return (jax.tree.map(jnp.add, grads, g), jax.tree.map(jnp.add, g_shared, gs),
+                    den + d, jax.tree.map(jnp.add, sums, s)), None
 
         zeros = jax.tree.map(jnp.zeros_like, params)
-        _, (_, sums0) = jax.eval_shape(lambda: numerator(params, rest, jax.tree.map(lambda x: x[0], micro)))
-        init = (zeros, jnp.zeros((), jnp.float32), jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums0))
-        (grads, den, sums), _ = jax.lax.scan(accumulate, init, micro)
+        _, (_, sums0) = jax.eval_shape(lambda: numerator(
+            params, rest, jax.tree.map(lambda x: x[0], micro), shared, prefixes))
+        init = (zeros, jax.tree.map(jnp.zeros_like, shared), jnp.zeros((), jnp.float32),
+                jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums0))
+        (grads, g_shared, den, sums), _ = jax.lax.scan(accumulate, init, micro)
+        if prefixes is not None:
+            grads = jax.tree.map(jnp.add, grads, pull_back(g_shared)[0])
         if config.loss_agg_mode == "seq-mean-token-sum-norm":
             den = den / num_micro  # a constant horizon, not a count: do not add it up
         grads = jax.tree.map(lambda g: (g / jnp.maximum(den, 1e-8)).astype(g.dtype), grads)
@@ -253,9 +309,9 @@ def make_step_fn(graphdef: Any, config: UpdateConfig,
             new_params = jax.lax.with_sharding_constraint(new_params, param_shardings(new_params, mesh))
         tokens = jnp.maximum(sums.pop("tokens"), 1.0)
         metrics = {k: v / tokens for k, v in sums.items()}
-        metrics[f"{prefix}/grad_norm"] = grad_norm
-        metrics[f"{prefix}/update_skipped"] = (~jnp.isfinite(grad_norm)).astype(jnp.float32)
-        metrics[f"{prefix}/nonfinite_total"] = new_opt_state.total_notfinite.astype(jnp.float32)
+        metrics[f"{role}/grad_norm"] = grad_norm
+        metrics[f"{role}/update_skipped"] = (~jnp.isfinite(grad_norm)).astype(jnp.float32)
+        metrics[f"{role}/nonfinite_total"] = new_opt_state.total_notfinite.astype(jnp.float32)
         return new_params, new_opt_state, metrics
 
     return step
@@ -271,9 +327,9 @@ def make_train_step(graphdef: Any, config: UpdateConfig,
     step = jax.jit(make_step_fn(graphdef, config, optimizer, objective, mesh),
                    donate_argnums=(0, 2) if donate else ())
 
-    def call(params, rest, opt_state, batch, learning_rate=None):
+    def call(params, rest, opt_state, batch, learning_rate=None, prefixes=None):
         lr = config.lr if learning_rate is None else learning_rate
-        return step(params, rest, opt_state, batch, jnp.asarray(lr, jnp.float32))
+        return step(params, rest, opt_state, batch, jnp.asarray(lr, jnp.float32), prefixes)
 
     call.lower = lambda params, rest, opt_state, batch: step.lower(  # for compile-only benches
         params, rest, opt_state, batch, jnp.asarray(config.lr, jnp.float32))
@@ -288,8 +344,8 @@ def interleave(x: jax.Array, parts: int) -> jax.Array:
 
 
 def mini_batch_epochs(step: Callable, params: Any, rest: Any, opt_state: Any, batch: Any,
-                      learning_rate: jax.Array, *, epochs: int, mini_batch_size: int
-                      ) -> tuple[Any, Any, dict[str, jax.Array]]:
+                      learning_rate: jax.Array, *, epochs: int, mini_batch_size: int,
+                      prefixes: Prefixes | None = None) -> tuple[Any, Any, dict[str, jax.Array]]:
     """``epochs`` passes over ``batch`` in mini-batches of ``mini_batch_size`` rows, one
     ``step`` (from ``make_step_fn``) each, as a ``lax.scan`` (RAGEN: 1 epoch, mini-batches of
     32 trajectories, no shuffling). Mini-batch ``i`` holds every ``n``-th row from row ``i``
@@ -307,7 +363,7 @@ def mini_batch_epochs(step: Callable, params: Any, rest: Any, opt_state: Any, ba
     def one(carry, i):
         params, opt_state = carry
         part = jax.tree.map(lambda x: x[i], minis)
-        params, opt_state, metrics = step(params, rest, opt_state, part, learning_rate)
+        params, opt_state, metrics = step(params, rest, opt_state, part, learning_rate, prefixes)
         return (params, opt_state), metrics
 
     order = jnp.tile(jnp.arange(n), epochs)

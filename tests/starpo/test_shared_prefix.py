@@ -1,0 +1,124 @@
+"""Shared prefixes: a group's common first prompt runs once per forward pass of the update,
+and everything (log-probs, values, gradients, the whole update) equals every row running
+its own copy."""
+
+from __future__ import annotations
+
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
+from ragen_jax.sharding import make_mesh
+from ragen_jax.starpo.rows import after_prefix, build_step_batch, group_prefix_lengths
+from ragen_jax.starpo.step import make_update
+from ragen_jax.starpo.token_scores import token_logprobs
+from tests.starpo.test_step import CFG, build, copy, settings
+
+V = CFG["vocab_size"]
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_prefix_forward_equals_full_sequences(scan):
+    model = Qwen2ForCausalLM(QwenConfig.tiny(**CFG, scan_layers=scan), rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(0)
+    plen, slen, grp = [5, 7], [6, 4, 5, 3, 6, 2], [0, 0, 0, 1, 1, 1]
+    p_width, s_width = 8, 6
+    pid = rng.integers(1, V, (2, p_width))
+    sid = rng.integers(1, V, (6, s_width))
+    pmask = np.arange(p_width)[None] < np.array(plen)[:, None]
+    smask = np.arange(s_width)[None] < np.array(slen)[:, None]
+    full = np.zeros((6, p_width + s_width), np.int32)
+    fmask = np.zeros_like(full, bool)
+    loss = np.zeros(full.shape, np.float32)
+    for b, g in enumerate(grp):
+        seq = [*pid[g, :plen[g]], *sid[b, :slen[b]]]
+        full[b, :len(seq)], fmask[b, :len(seq)] = seq, True
+        loss[b, plen[g]:len(seq)] = 1
+    fpos = np.maximum(np.cumsum(fmask, 1) - 1, 0)
+    spos = np.array(plen)[grp][:, None] + np.arange(s_width)[None]
+
+    def whole(m):
+        lp, ent = token_logprobs(m, full, fmask, fpos, 0.7, loss_mask=loss)
+        return jnp.sum(lp * loss) + jnp.sum(ent * loss), lp
+
+    def shared(m):
+        prefix = m.model.prefix(pid, np.tile(np.arange(p_width), (2, 1)), pmask).take(jnp.array(grp))
+        lp, ent = token_logprobs(m, sid, smask, spos, 0.7, loss_mask=smask, prefix=prefix)
+        return jnp.sum(lp * smask) + jnp.sum(ent * smask), lp
+
+    (a, lp_a), g_a = nnx.value_and_grad(whole, has_aux=True)(model)
+    (b, lp_b), g_b = nnx.value_and_grad(shared, has_aux=True)(model)
+    for row, g in enumerate(grp):
+        np.testing.assert_allclose(np.asarray(lp_b)[row, :slen[row]],
+                                   np.asarray(lp_a)[row, plen[g]:plen[g] + slen[row]], atol=1e-5)
+    assert float(a) == pytest.approx(float(b), abs=1e-4)
+    for x, y in zip(jax.tree.leaves(g_a), jax.tree.leaves(g_b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=2e-5)
+
+
+def test_group_prefix_lengths_stop_at_the_first_difference_or_sampled_token():
+    ids = np.array([[1, 2, 3, 4, 5, 6],
+                    [1, 2, 3, 4, 9, 9],   # group 0: differs at slot 4, first sampled at 5
+                    [1, 2, 7, 7, 7, 7],
+                    [1, 2, 7, 7, 7, 7]])  # group 1: identical; first sampled at 3
+    loss = np.array([[0, 0, 0, 0, 0, 1], [0, 0, 0, 0, 0, 1],
+                     [0, 0, 0, 1, 1, 0], [0, 0, 0, 0, 1, 1]])
+    lengths = group_prefix_lengths(ids, loss, np.array([0, 0, 1, 1]))
+    np.testing.assert_array_equal(lengths, [4, 3])
+    shifted = after_prefix({"input_ids": ids, "attention_mask": ids > 0}, lengths[[0, 0, 1, 1]], 4)
+    np.testing.assert_array_equal(shifted["input_ids"], [[5, 6, 0, 0], [9, 9, 0, 0],
+                                                         [7, 7, 7, 0], [7, 7, 7, 0]])
+
+
+def rollout_like(seed: int, groups: int = 2, size: int = 4, width: int = 32):
+    """A rollout batch's arrays: each group's rows share a prompt, then sampled answers and
+    inserted chunks alternate."""
+    rng = np.random.default_rng(seed)
+    n = groups * size
+    ids, attn = np.zeros((n, width), np.int32), np.zeros((n, width), bool)
+    loss, rewards = np.zeros((n, width), np.float32), np.zeros((n, width), np.float32)
+    turns = np.zeros((n, width), np.int16)
+    for g in range(groups):
+        prompt = rng.integers(1, V, int(rng.integers(6, 12)))
+        for r in range(g * size, (g + 1) * size):
+            length = int(rng.integers(len(prompt) + 6, width + 1))
+            ids[r, :length] = np.concatenate([prompt, rng.integers(1, V, length - len(prompt))])
+            attn[r, :length] = True
+            sampled = np.arange(width) >= len(prompt)
+            sampled &= (np.arange(width) - len(prompt)) % 7 < 4  # answers of 4, chunks of 3
+            loss[r] = sampled & attn[r]
+            turns[r] = np.where(attn[r], 1 + (np.arange(width) - len(prompt)).clip(0) // 7, 0)
+            rewards[r, np.nonzero(loss[r])[0][-1]] = rng.normal()
+    scores = rewards.sum(1)
+    return types.SimpleNamespace(
+        input_ids=ids, attention_mask=attn, position_ids=np.maximum(np.cumsum(attn, 1) - 1, 0),
+        loss_mask=loss, model_logprobs=-rng.random((n, width)).astype(np.float32) * loss,
+        token_rewards=rewards, turn_ids=turns, scores=scores.astype(np.float32),
+        group_ids=np.repeat(np.arange(groups), size))
+
+
+@pytest.mark.parametrize("estimator,critic", [("grpo", False), ("gae", True)])
+def test_update_with_shared_prefixes_equals_the_update_without(estimator, critic):
+    s = settings(estimator, critic=critic, recompute=True)
+    _, networks, state = build(s)
+    batch = rollout_like(0)
+    mesh = make_mesh((1, 1, 1))
+    kw = dict(group_offset=0, mini_batch_size=8, pad_multiple=8, group_buckets=np.array([0, 1]),
+              mesh=mesh, rng=np.random.default_rng(0))
+    keep, weights = np.ones(2, bool), np.ones(8, np.float32)
+    plain = build_step_batch(batch, keep, weights, share_prefixes=False, **kw)
+    shared = build_step_batch(batch, keep, weights, share_prefixes=True, **kw)
+    assert shared.prefixes is not None and plain.prefixes is None
+    assert shared.input_ids.shape[1] < plain.input_ids.shape[1]
+    update = make_update(s, networks)
+    new_a, m_a = update(copy(state), plain, analyse_gradients=True)
+    new_b, m_b = update(copy(state), shared, analyse_gradients=True)
+    for k in m_a:
+        assert float(m_b[k]) == pytest.approx(float(m_a[k]), rel=1e-4, abs=1e-5), k
+    for a, b in zip(jax.tree.leaves(new_a), jax.tree.leaves(new_b), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
