@@ -161,16 +161,23 @@ def sample_token(logits, key, sp: SamplingParams):
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "sp", "pad_id"), donate_argnames=("cache",))
-def _generate(graphdef, state, cache, tokens, mask, stop, budget, active, key, *, sp, pad_id):
-    """Prefill ``tokens[B, P]`` into ``cache``, then decode up to ``sp.max_new_tokens``."""
+def _generate(graphdef, state, cache, tokens, mask, stop, budget, active, key, expand=None, *,
+              sp, pad_id):
+    """Prefill ``tokens[B, P]`` into ``cache``, then decode up to ``sp.max_new_tokens``.
+    With ``expand [B']`` the prefilled rows are distinct prompts: row ``expand[i]`` of the
+    prefill becomes row ``i`` of the decode (its cache slots and next-token logits copied)."""
     model = nnx.merge(graphdef, state)
-    b, p = tokens.shape
+    p = tokens.shape[1]
     n = sp.max_new_tokens
 
     # Prefill; logits only at each row's last real token.
     last = (p - 1 - jnp.argmax(mask[:, ::-1], axis=1)).astype(jnp.int32)  # [B]
     pos = positions_from_mask(mask, cache.lengths)
     logits, cache = model(tokens, pos, mask, cache, logits_at=last)
+    if expand is not None:
+        cache, logits, tokens, mask = (cache.take(expand), logits[expand], tokens[expand],
+                                       mask[expand])
+    b = tokens.shape[0]
 
     def cond(s):
         step, _, _, done, *_ = s
@@ -220,12 +227,13 @@ class Sampler:
     """
 
     def __init__(self, model: Qwen2ForCausalLM, *, pad_id: int = 0, min_bucket: int = 16,
-                 bucket_multiple: int | None = None):
+                 bucket_multiple: int | None = None, share_prompts: bool = True):
         self.graphdef, self.state = nnx.split(per_layer(model))
         self.config = model.config
         self.pad_id = int(pad_id)
         self.min_bucket = int(min_bucket)
         self.bucket_multiple = bucket_multiple
+        self.share_prompts = share_prompts
 
     def update(self, model: Qwen2ForCausalLM) -> None:
         """Uses ``model``'s current parameters from now on."""
@@ -261,14 +269,24 @@ class Sampler:
           bucket: force the prompt bucket length (default: power of two >= longest prompt).
           env_states: ignored (the rollout passes every policy this turn's env states; a
             model reads only the prompt).
+
+        Without a ``cache`` (a first turn), identical prompts are prefilled once (a group's
+        envs start from one state, hence one prompt) and their cache rows copied to every
+        row that has them (``share_prompts``, on by default).
         """
         del env_states
         tokens, valid = pad_prompts(prompts, mask, bucket=bucket, pad_id=self.pad_id,
                                     min_bucket=self.min_bucket, multiple=self.bucket_multiple)
         b, p = tokens.shape
         n = params.max_new_tokens
+        expand = None
         if cache is None:
-            cache = KVCache.init(self.config, b, p + n, stacked=False)
+            if self.share_prompts:
+                tokens, valid, expand = distinct_rows(tokens, valid)  # valid: of the kept rows
+                if expand is not None and np.any(~valid.any(axis=1)[expand] & (
+                        np.ones((b,), bool) if active is None else np.asarray(active, bool))):
+                    raise ValueError("every active sequence needs at least one real prompt token")
+            cache = KVCache.init(self.config, tokens.shape[0], p + n, stacked=False)
         else:
             if cache.batch != b:
                 raise ValueError(f"cache batch {cache.batch} != prompt batch {b}")
@@ -283,8 +301,25 @@ class Sampler:
         budget = np.full((b,), n, np.int32) if max_new is None else np.minimum(
             np.asarray(max_new, np.int32), n)
         act = np.ones((b,), bool) if active is None else np.asarray(active, bool)
-        if np.any(act & ~valid.any(axis=1)):
+        if expand is None and np.any(act & ~valid.any(axis=1)):
             raise ValueError("every active sequence needs at least one real prompt token")
         return _generate(self.graphdef, self.state, cache, jnp.asarray(tokens), jnp.asarray(valid),
                          jnp.asarray(stop), jnp.asarray(budget), jnp.asarray(act), key,
+                         None if expand is None else jnp.asarray(expand),
                          sp=params, pad_id=self.pad_id)
+
+
+def distinct_rows(tokens: np.ndarray, valid: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The distinct prompts of ``tokens``/``valid [B, P]`` in order of first appearance and
+    ``expand [B]`` (row b is distinct prompt ``expand[b]``), or the inputs and None when
+    every row is distinct."""
+    rows = np.where(valid, tokens, -1)
+    _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+    if first.size == rows.shape[0]:
+        return tokens, valid, None
+    order = np.argsort(first)  # distinct prompts in order of first appearance
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    keep = first[order]
+    return tokens[keep], valid[keep], rank[inverse.reshape(-1)].astype(np.int32)

@@ -164,3 +164,30 @@ def test_continuation_equals_concatenated_prompt(model, sampler):
     np.testing.assert_allclose(np.asarray(t2.logprobs), np.asarray(fresh.logprobs), atol=1e-4)
     lengths = np.asarray(t2.cache.lengths)
     np.testing.assert_array_equal(lengths, [len(w) for w in whole] + np.asarray(t2.lengths))
+
+
+def test_identical_prompts_are_prefilled_once_with_the_same_result(model):
+    """A group's repeated first prompt is prefilled once and its cache rows copied: tokens,
+    log-probs and the cache the next turn continues equal prefilling every row."""
+    from ragen_jax.rollout.sampler import distinct_rows
+
+    prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[0], PROMPTS[1], PROMPTS[2], PROMPTS[0]]
+    tokens = np.array([[0] * (17 - len(p)) + p for p in prompts])
+    valid = tokens > 0
+    kept, kept_valid, expand = distinct_rows(tokens, valid)
+    np.testing.assert_array_equal(expand, [0, 1, 0, 2, 1, 0])
+    np.testing.assert_array_equal(kept[expand], tokens)
+    assert distinct_rows(tokens[:2], valid[:2])[2] is None
+    keys = jax.random.split(jax.random.key(3), len(prompts))
+    outs = []
+    for share in (False, True):
+        s = Sampler(model, share_prompts=share)
+        first = s(prompts, key=keys, params=SamplingParams(max_new_tokens=6, temperature=1.0))
+        nxt = s([[7, 8]] * len(prompts), key=keys, cache=first.cache,
+                params=SamplingParams(max_new_tokens=4, temperature=0.0))
+        outs.append((first, nxt))
+    (a, a2), (b, b2) = outs
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    np.testing.assert_array_equal(np.asarray(a2.tokens), np.asarray(b2.tokens))
+    np.testing.assert_allclose(np.asarray(a.model_logprobs), np.asarray(b.model_logprobs), atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(a.prompt_tokens), np.asarray(b.prompt_tokens))
