@@ -88,7 +88,7 @@ class CallRunner:
         self._cond = threading.Condition()
         self._workers = [self._spawn() for _ in range(workers)]
         # Idle workers wait on the queue: wake them to exit when the runner goes away.
-        weakref.finalize(self, _stop_workers, self._jobs, len(self._workers))
+        weakref.finalize(self, _stop_workers, self._jobs, self._workers)
 
     def _spawn(self) -> _Worker:
         worker = _Worker(self._jobs, self._cond)
@@ -120,8 +120,8 @@ class CallRunner:
         return [(None if job.error else job.value, job.error) for job in jobs]
 
 
-def _stop_workers(jobs: queue.SimpleQueue, n: int) -> None:
-    for _ in range(n):
+def _stop_workers(jobs: queue.SimpleQueue, workers: list[_Worker]) -> None:
+    for _ in workers:  # one stop per thread ever started (a retired one leaves its stop unread)
         jobs.put(None)
 
 
