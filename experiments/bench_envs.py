@@ -8,10 +8,14 @@ Measures, on this machine and in one run:
   ``SokobanEnv.step`` and ``generate_room``, and a RAGEN-style generator
   (``ragen_style_generator.py``);
 - the distribution of optimal solution lengths (BFS) of our levels next to gym-sokoban's and
-  the RAGEN-style generator's, at the same settings.
+  the RAGEN-style generator's, at the same settings;
+- host envs (``envs.host``: Countdown, Sudoku) against the JAX envs in episodes/s, called
+  directly and through the rollout's env drivers, and the share of a tiny rollout's wall time
+  spent in the env calls (``host_env_rows``).
 
 Writes ``experiments/results/bench_envs.md`` and ``bench_envs_solution_lengths.png`` and prints
-the tables. ``--quick`` runs smaller sizes (a smoke test, a minute or two).
+the tables. ``--quick`` runs smaller sizes (a smoke test, a minute or two); ``--host-only``
+runs only the host-env section and writes ``experiments/results/bench_envs_host.md``.
 
     pip install -e ".[bench]" && python experiments/bench_envs.py
 """
@@ -161,6 +165,150 @@ def ragen_style_rate(dim, num_boxes, search_depth, seconds: float = 5.0) -> floa
     return made / (time.perf_counter() - start)
 
 
+# (registered name, make kwargs, label, actions per episode: RAGEN's max_actions_per_traj)
+HOST_ENVS = [("countdown", {}, "Countdown", 1),
+             ("sudoku", {"size": 4, "difficulty": "easy"}, "SimpleSudoku 4x4", 20),
+             ("sudoku", {"size": 9, "difficulty": "medium"}, "MediumSudoku 9x9", 30)]
+JAX_ENVS = [("bandit", {}, "Bandit", 1), ("frozenlake", {}, "FrozenLake", 10),
+            ("sokoban", {}, "Sokoban 6x6/1", 10)]
+
+
+def host_direct_rate(name: str, kwargs: dict, actions: int, seconds: float) -> tuple[float, float]:
+    """``(episodes/s, resets/s)`` of one instance in a plain loop: reset, then random
+    well-formed actions (``random_action``) until done or ``actions`` are played."""
+    family, _ = make(name, **kwargs)
+    env, rng = family.factory(), np.random.default_rng(0)
+    start, episodes, reset_time = time.perf_counter(), 0, 0.0
+    while time.perf_counter() - start < seconds:
+        t0 = time.perf_counter()
+        env.reset(episodes)
+        reset_time += time.perf_counter() - t0
+        for _ in range(actions):
+            if env.step(env.random_action(rng))[2]:
+                break
+        episodes += 1
+    return episodes / (time.perf_counter() - start), episodes / reset_time
+
+
+def driver_rate(name: str, kwargs: dict, actions: int, n_envs: int, per_turn: int = 2,
+                repeats: int = 3) -> float:
+    """Episodes/s of ``n_envs`` envs through the rollout's env driver: a batched reset, then
+    turns of ``per_turn`` random actions (random valid names for a JAX env, ``random_action``
+    for a host env) until every episode is done or has played ``actions``."""
+    from ragen_jax.envs.host import HostEnvFamily
+    from ragen_jax.rollout.agent import make_driver
+    from ragen_jax.rollout.env_driver import TurnActions, row_state
+
+    env, params = make(name, **kwargs)
+    driver = make_driver(env, params, per_turn)
+    rng = np.random.default_rng(0)
+    keys = jax.random.split(jax.random.key(0), n_envs)
+    host_env = isinstance(env, HostEnvFamily)
+
+    def episode_batch(seed0: int) -> None:
+        states, host, _ = driver.reset(seed0 + np.arange(n_envs))
+        live, played = set(range(n_envs)), np.zeros(n_envs, int)
+        while live:
+            turn = {}
+            for b in live:
+                k = min(per_turn, actions - played[b])
+                if host_env:
+                    texts = [env.random_action(row_state(host, b), rng) for _ in range(k)]
+                    turn[b] = TurnActions(list(range(k)), texts)
+                else:
+                    names = env.action_names_for(row_state(host, b))
+                    ids = [int(a) for a in rng.integers(len(names), size=k)]
+                    turn[b] = TurnActions(ids, [names[a] for a in ids])
+            states, host, out = driver.step(states, turn, keys)
+            played += out.executed
+            live = {b for b in live if not (out.terminated[b] or out.truncated[b] or b in out.errors
+                                            or played[b] >= actions)}
+
+    episode_batch(0)  # compiles (JAX) / builds the instances (host)
+    best = min(_wall(episode_batch, 1000 * (r + 1)) for r in range(repeats))
+    return n_envs / best
+
+
+def _wall(fn, *args) -> float:
+    start = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - start
+
+
+def rollout_env_share(name: str, kwargs: dict, config: str, policy_kind: str) -> dict[str, float]:
+    """One tiny-preset training rollout (``env_groups x group_size`` episodes, the preset's
+    budgets) after a warm-up: wall time and the share spent in env calls (``timing["env_s"]``,
+    reset and steps). ``policy_kind``: ``model`` (the tiny random-weight model through the
+    sampler: its answers rarely parse, so envs are mostly reset only) or ``random`` (random
+    well-formed answers, no model: every turn steps the env; an upper bound on the share)."""
+    from ragen_jax.config import load_config
+    from ragen_jax.models import compute_copy
+    from ragen_jax.rollout import Sampler
+    from ragen_jax.rollout.agent import AgentRollout, train_seeds
+    from ragen_jax.rollout.scripted import RandomActionPolicy
+    from ragen_jax.schema import from_config_dict, resolve
+    from ragen_jax.train_state import build_actor, load_tokenizer
+
+    run = from_config_dict(load_config(["--config", str(ROOT / "configs" / config)]))
+    cfg = resolve(run).rollout
+    env, params = make(name, **kwargs)
+    tok = load_tokenizer(run.model)
+    rollout = AgentRollout(env, params, tok, cfg)
+    if policy_kind == "model":
+        policy = Sampler(compute_copy(build_actor(run.model, 0)), pad_id=tok.pad_token_id,
+                         bucket_multiple=cfg.pad_multiple)
+    else:
+        policy = RandomActionPolicy(env, params, tok, cfg.context, seed=0)
+    seeds = train_seeds(cfg, 0)
+    rollout.collect(policy, seeds, jax.random.key(0))  # compiles
+    batch = rollout.collect(policy, train_seeds(cfg, 1), jax.random.key(1))
+    t = batch.timing
+    return {"episodes": len(batch.trajectories), "total_s": t["total_s"], "env_s": t["env_s"],
+            "share": t["env_s"] / t["total_s"], "turns": float(np.mean(batch.num_turns))}
+
+
+def host_env_rows(quick: bool) -> list[str]:
+    """The host-env section: episodes/s direct and through the drivers, and rollout shares."""
+    seconds = 1.0 if quick else 5.0
+    sizes = [64] if quick else [64, 1024]
+    lines = ["## Host envs (Python) vs JAX envs: episodes/s", "",
+             "An episode: a reset, then random well-formed actions until done or RAGEN's "
+             "`max_actions_per_traj`. *Direct*: one instance in a plain Python loop. *Driver*: "
+             "the rollout's env driver (`rollout.env_driver`) on a batch, 2 actions a turn: "
+             "JAX envs `vmap`ped and jitted, host envs one instance per row on the driver's "
+             "worker thread (timeouts armed; Countdown and Sudoku are not `parallel_friendly`).",
+             "", "| env | kind | actions/episode | direct episodes/s | resets/s | "
+             + " | ".join(f"driver episodes/s ({n} envs)" for n in sizes) + " |",
+             "|---|---|---|---|---|" + "---|" * len(sizes)]
+    for name, kwargs, label, actions in HOST_ENVS:
+        direct, resets = host_direct_rate(name, kwargs, actions, seconds)
+        driven = [driver_rate(name, kwargs, actions, n, repeats=1 if quick else 3) for n in sizes]
+        lines.append(f"| {label} | host | {actions} | {_fmt(direct)} | {_fmt(resets)} | "
+                     + " | ".join(_fmt(x) for x in driven) + " |")
+        print(lines[-1], flush=True)
+    for name, kwargs, label, actions in JAX_ENVS:
+        driven = [driver_rate(name, kwargs, actions, n, repeats=1 if quick else 3) for n in sizes]
+        lines.append(f"| {label} | JAX | {actions} | - | - | " + " | ".join(_fmt(x) for x in driven) + " |")
+        print(lines[-1], flush=True)
+    lines += ["", "## Share of a tiny rollout's wall time in env calls", "",
+              "One training rollout of the tiny preset (`configs/<env>.py`: 8 groups x 8, its "
+              "token budgets), after a warm-up rollout. *model*: the tiny random-weight model "
+              "through the sampler (its answers rarely parse, so the envs are mostly only reset); "
+              "*random answers*: well-formed random answers without a model (every turn steps "
+              "the env: an upper bound).", "",
+              "| env | policy | episodes | mean turns | rollout wall s | env calls s | env share |",
+              "|---|---|---|---|---|---|---|"]
+    for name, kwargs, label, config in [("countdown", {}, "Countdown", "countdown.py"),
+                                        ("sudoku", {}, "SimpleSudoku 4x4", "sudoku.py")]:
+        for kind in ("model", "random"):
+            r = rollout_env_share(name, kwargs, config, kind)
+            lines.append(f"| {label} | {'tiny model' if kind == 'model' else 'random answers'} | "
+                         f"{r['episodes']} | {r['turns']:.1f} | {r['total_s']:.2f} | "
+                         f"{r['env_s']:.3f} | {100 * r['share']:.1f}% |")
+            print(lines[-1], flush=True)
+    return lines
+
+
 def _fmt(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:.2f}"
 
@@ -168,12 +316,19 @@ def _fmt(x: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
+    parser.add_argument("--host-only", action="store_true",
+                        help="only the host-env section (bench_envs_host.md)")
     args = parser.parse_args()
     sizes = [1, 64] if args.quick else [1, 64, 1024, 4096]
     n_levels = 30 if args.quick else 300
     RESULTS.mkdir(parents=True, exist_ok=True)
     lines = [f"# bench_envs ({jax.devices()[0].device_kind}, {os.cpu_count()} cores, "
              f"jax {jax.__version__})", ""]
+    if args.host_only:
+        lines += host_env_rows(args.quick)
+        (RESULTS / "bench_envs_host.md").write_text("\n".join(lines) + "\n")
+        print(f"wrote {RESULTS / 'bench_envs_host.md'}")
+        return
 
     lines += ["## Throughput (vmapped, jitted, `lax.scan`; random actions)", "",
               "| env | envs | steps/s (`step_env`) | steps/s (gymnax `step`, auto-reset) | resets/s |",
@@ -220,6 +375,7 @@ def main() -> None:
                          + " | ".join(f"{v:.0f}" for v in q) + " |")
             print(lines[-1], flush=True)
 
+    lines += [""] + host_env_rows(args.quick)
     (RESULTS / "bench_envs.md").write_text("\n".join(lines) + "\n")
     try:
         import matplotlib

@@ -65,7 +65,7 @@ def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutCon
     """
     rollout = AgentRollout(env, env_params, tokenizer, config)
     _, first = rollout.reset_envs(np.zeros(1, np.int64))
-    n_actions = len(env.action_names_for(row_state(first, 0)))
+    n_actions = max(1, len(env.action_names_for(row_state(first, 0))))  # free text: 0 names
     groups = max(1, episodes // n_actions)
     group_seeds = 2**30 + seed * 100_003 + np.arange(groups)  # far from train/val seeds
     if solver_share > 0:

@@ -58,7 +58,7 @@ from ragen_jax.viewer import render_html
 # Rollout metrics that count (summed over processes); the others are per-episode means.
 ROLLOUT_COUNTS = tuple(f"rollout/{k}" for k in (
     "num_trajectories", "num_groups", "tokens", "sampled_tokens", "length_truncated",
-    "truncated", "unplaced_scores"))
+    "truncated", "unplaced_scores", "env_errors"))
 
 
 class Trainer:
@@ -354,7 +354,7 @@ def build_envs(run: RunConfig) -> dict[str, tuple[Any, Any]]:
     """``{tag: (env, env_params)}``: the training env first, then ``env.val_extra``'s."""
     try:
         env, params = make(run.env.name, **run.env.params)
-        envs = {run.env.tag or type(env).__name__: (env, params)}
+        envs = {run.env.tag or env.name: (env, params)}
         for tag, extra in run.env.val_extra.items():
             envs[tag] = make(run.env.name, **{**run.env.params, **dict(extra)})
     except (ValueError, TypeError) as e:

@@ -51,6 +51,10 @@ def render_html(trajectories: Sequence[dict[str, Any]], summary: dict[str, Any])
                 f"{e(t.get('executed', []))}; reward {e(t.get('reward', ''))}, penalty "
                 f"{e(t.get('penalty', ''))} {e(t.get('format_error', ''))}"
                 f"{'' if t.get('stopped', True) else ' (cut at the token budget)'}</p>")
+            if t.get("env_error"):
+                parts.append(f"<p class='bad'><b>env failed</b> {e(t['env_error'])}</p>")
+        if traj.get("env_error") and not traj.get("turns"):
+            parts.append(f"<p class='bad'><b>env failed</b> {e(traj['env_error'])}</p>")
         parts.append(f"<h4>Final state</h4><pre>{e(traj.get('final_state', ''))}</pre></details>")
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -1,34 +1,57 @@
 """``make(name, **params)``: build an environment and its params by name.
 
-Keyword arguments are split by name: a field of the env's params dataclass (dynamic values
-such as ``max_steps`` or reward sizes, traced under jit) goes to the params, anything else
-(shapes, rendering choices) to the env's constructor. An unknown name is an error that names
-it.
+A JAX env (a ``TextEnv`` class): keyword arguments are split by name: a field of the env's
+params dataclass (dynamic values such as ``max_steps`` or reward sizes, traced under jit) goes
+to the params, anything else (shapes, rendering choices) to the env's constructor.
+
+A host env (a ``HostEnv`` class, or any callable ``(**params) -> HostEnv`` given to
+``register``): ``make`` returns ``(HostEnvFamily, None)``; ``parallel_friendly``,
+``max_workers`` and ``step_timeout`` are the family's batch options, the other keywords go to
+the constructor, once per episode slot.
+
+An unknown name or keyword is an error that names it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 from ragen_jax.envs.bandit import Bandit
 from ragen_jax.envs.base import TextEnv
+from ragen_jax.envs.countdown import Countdown
 from ragen_jax.envs.frozenlake import FrozenLake
+from ragen_jax.envs.host import HostEnv, HostEnvFamily
 from ragen_jax.envs.sokoban import Sokoban
+from ragen_jax.envs.sudoku import Sudoku
 
-REGISTRY: dict[str, type[TextEnv]] = {
+REGISTRY: dict[str, type[TextEnv] | Callable[..., HostEnv]] = {
     "sokoban": Sokoban,
     "frozenlake": FrozenLake,
     "bandit": Bandit,
+    "countdown": Countdown,
+    "sudoku": Sudoku,
 }
 
+HOST_OPTIONS = ("parallel_friendly", "max_workers", "step_timeout")
 
-def make(name: str, **params: Any) -> tuple[TextEnv, Any]:
-    """Returns ``(env, env_params)`` for a registered env name."""
+
+def register(name: str, env: type[TextEnv] | Callable[..., HostEnv]) -> None:
+    """Makes ``make(name, ...)`` build ``env``: a ``TextEnv`` class, a ``HostEnv`` class, or a
+    callable returning a ``HostEnv`` (e.g. a ``GymnasiumEnv``). Re-registering replaces."""
+    REGISTRY[name] = env
+
+
+def make(name: str, **params: Any) -> tuple[TextEnv | HostEnvFamily, Any]:
+    """Returns ``(env, env_params)`` for a registered env name (``env_params`` is None for a
+    host env)."""
     if name not in REGISTRY:
         raise ValueError(f"unknown env {name!r}; registered: {', '.join(sorted(REGISTRY))}")
     cls = REGISTRY[name]
+    if not (isinstance(cls, type) and issubclass(cls, TextEnv)):
+        return _make_host(name, cls, params), None
     ctor_names = set(inspect.signature(cls.__init__).parameters) - {"self"}
     param_names = {f.name for f in dataclasses.fields(cls.params_cls)}
     unknown = set(params) - ctor_names - param_names
@@ -40,3 +63,15 @@ def make(name: str, **params: Any) -> tuple[TextEnv, Any]:
         **{k: v for k, v in params.items() if k in param_names and k not in ctor_names}
     )
     return env, env_params
+
+
+def _make_host(name: str, factory: Callable[..., HostEnv], params: dict[str, Any]) -> HostEnvFamily:
+    options = {k: params[k] for k in HOST_OPTIONS if k in params}
+    kwargs = {k: v for k, v in params.items() if k not in HOST_OPTIONS}
+    signature = inspect.signature(factory)
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    unknown = set(kwargs) - set(signature.parameters)
+    if unknown and not takes_any:
+        allowed = ", ".join(sorted(set(signature.parameters) | set(HOST_OPTIONS)))
+        raise ValueError(f"env {name!r}: unknown parameter(s) {sorted(unknown)}; allowed: {allowed}")
+    return HostEnvFamily(lambda: factory(**kwargs), **options)

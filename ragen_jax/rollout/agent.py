@@ -1,4 +1,4 @@
-"""The multi-turn agent loop (RAGEN's Environment State Manager + Agent Proxy) over JAX envs.
+"""The multi-turn agent loop (RAGEN's Environment State Manager + Agent Proxy).
 
 One ``AgentRollout.collect`` call plays ``groups x group_size`` episodes of one env:
 
@@ -7,9 +7,12 @@ One ``AgentRollout.collect`` call plays ``groups x group_size`` episodes of one 
   (RAGEN: ``10000 + counter``, counter += env_groups), ``val_seeds(cfg)`` is fixed (RAGEN:
   123, 124, ...). Seeds are a pure function of the iteration, so a resumed run continues as
   the uninterrupted one would.
-* **Device / host split.** Envs are batched with ``vmap`` and jitted once per env object
-  (reset, and a ``lax.scan`` over the turn's action slots); generation is the sampler's
-  jitted prefill + ``while_loop``. The host only does small string work: it renders states,
+* **Device / host split.** Envs are reset and stepped by an env driver
+  (``rollout.env_driver``): a JAX env is batched with ``vmap`` and jitted once per env object
+  (reset, and a ``lax.scan`` over the turn's action slots); a host env (``envs.host``: Python,
+  free-text actions) runs one instance per row on worker threads, and a row whose env raises
+  or hangs past its timeout ends as a recorded failure (``env_error``) while the others play
+  on. Generation is the sampler's jitted prefill + ``while_loop``. The host only does small string work: it renders states,
   tokenises the inserted chunks, decodes and parses answers, and assembles the batch (per
   row, never per token).
 * **One token sequence per trajectory, KV cache across turns.** Turn k prefills only its new
@@ -41,8 +44,7 @@ import dataclasses
 import functools
 import logging
 import time
-import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import jax
@@ -58,6 +60,16 @@ from ragen_jax.rollout.context import (
     parse_response,
     system_message,
     user_message,
+)
+
+# env_functions and row_state are also imported from here (their home is rollout.env_driver).
+from ragen_jax.rollout.env_driver import (  # noqa: F401
+    EnvDriver,
+    JaxEnvDriver,
+    StepOutcome,
+    TurnActions,
+    env_functions,
+    row_state,
 )
 from ragen_jax.rollout.sampler import SampleOutput, SamplingParams
 
@@ -152,62 +164,6 @@ class Policy(Protocol):
 
 
 # ----------------------------------------------------------------------------------------------
-# Device-side env functions (jitted once per env object)
-# ----------------------------------------------------------------------------------------------
-
-_ENV_FNS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def env_functions(env: Any) -> tuple[Callable, Callable]:
-    """``(reset, step_turn)`` for ``env``, batched with vmap and jitted (cached per env).
-
-    ``reset(keys[N], params) -> (obs, states)``.
-    ``step_turn(states, params, actions[N, A], n_act[N], keys[N])`` runs each env's first
-    ``n_act`` actions in order (``step_env``: no auto-reset), stopping at terminated or
-    truncated, and returns ``(states, reward_sum, n_executed, n_effective, terminated,
-    truncated, success)``.
-    """
-    if env in _ENV_FNS:
-        return _ENV_FNS[env]
-    reset = jax.jit(jax.vmap(env.reset_env, in_axes=(0, None)))
-
-    def one(state, params, acts, n, key):
-        def body(carry, i):
-            state, done, rew, n_exec, n_eff, term, trunc, succ = carry
-            do = (i < n) & ~done
-            _, nxt, r, t, info = env.step_env(jax.random.fold_in(key, i), state, acts[i], params)
-            t = jnp.asarray(t, bool)
-            tr = jnp.asarray(env.is_truncated(nxt, params), bool) & ~t
-            state = jax.tree.map(lambda a, b: jnp.where(do, a, b), nxt, state)
-            carry = (
-                state,
-                done | (do & (t | tr)),
-                rew + jnp.where(do, r, 0.0).astype(jnp.float32),
-                n_exec + do.astype(jnp.int32),
-                n_eff + (do & jnp.asarray(info["action_is_effective"], bool)).astype(jnp.int32),
-                term | (do & t),
-                trunc | (do & tr),
-                jnp.where(do, jnp.asarray(info["success"], bool), succ),
-            )
-            return carry, None
-
-        f, i0 = jnp.bool_(False), jnp.int32(0)
-        init = (state, f, jnp.float32(0.0), i0, i0, f, f, f)
-        (state, _, rew, n_exec, n_eff, term, trunc, succ), _ = jax.lax.scan(
-            body, init, jnp.arange(acts.shape[0]))
-        return state, rew, n_exec, n_eff, term, trunc, succ
-
-    step_turn = jax.jit(jax.vmap(one, in_axes=(0, None, 0, 0, 0)))
-    _ENV_FNS[env] = (reset, step_turn)
-    return reset, step_turn
-
-
-def row_state(states: Any, row: int) -> Any:
-    """Row ``row`` of a batched env-state pytree (host numpy arrays: an unbatched state)."""
-    return jax.tree.map(lambda x: x[row], states)
-
-
-# ----------------------------------------------------------------------------------------------
 # The loop
 # ----------------------------------------------------------------------------------------------
 
@@ -227,17 +183,6 @@ class _Generated(NamedTuple):
     lengths: np.ndarray
     logprobs: np.ndarray
     model_logprobs: np.ndarray
-
-
-class _StepOutcome(NamedTuple):
-    """``step_turn``'s per-row results, on the host (``[B]`` arrays)."""
-
-    reward: np.ndarray  # env rewards of the executed actions, summed
-    executed: np.ndarray  # actions executed
-    effective: np.ndarray  # of which changed the state
-    terminated: np.ndarray
-    truncated: np.ndarray
-    success: np.ndarray
 
 
 class _Timer:
@@ -262,6 +207,20 @@ class _Timer:
         return {**self.spent, "total_s": total, "host_s": host}
 
 
+def make_driver(env: Any, env_params: Any, max_actions_per_turn: int) -> EnvDriver:
+    """The driver of ``env``: ``HostEnvDriver`` for a host env (``envs.host.HostEnvFamily``),
+    else ``JaxEnvDriver`` (its turn step ``max_actions_per_turn`` slots wide: one compile)."""
+    # Imported here: ragen_jax.envs starts JAX's backend at import, and importing
+    # ragen_jax.rollout must not (launch.py reads the config before jax.distributed).
+    from ragen_jax.envs.host import HostEnvFamily
+
+    if isinstance(env, HostEnvFamily):
+        from ragen_jax.rollout.host_driver import HostEnvDriver
+
+        return HostEnvDriver(env)
+    return JaxEnvDriver(env, env_params, max_actions_per_turn)
+
+
 def _turn_keys(key: jax.Array, turn: int, row_ids: jax.Array) -> jax.Array:
     """One key per row for ``turn``: ``key`` folded with the turn, then with each row id."""
     return jax.vmap(jax.random.fold_in, (None, 0))(jax.random.fold_in(key, turn), row_ids)
@@ -281,9 +240,9 @@ class AgentRollout:
         self.env_params = env_params
         self.tokenizer = tokenizer
         self.config = config
-        self.tag = tag or type(env).__name__
+        self.tag = tag or env.name
         self.chat = ChatFormat(tokenizer, config.context, eos_ids=eos_ids)
-        self._reset, self._step_turn = env_functions(env)
+        self.driver = make_driver(env, env_params, config.max_actions_per_turn)
 
     def collect(self, policy: Policy, group_seeds: Sequence[int] | np.ndarray, key: jax.Array,
                 *, group_size: int | None = None, reuse_cache: bool = True,
@@ -310,8 +269,10 @@ class AgentRollout:
         k_sample, k_env = jax.random.split(key)
         sp = sampling or cfg.sampling()
         with timer("env_s"):
-            states, host = self.reset_envs(seeds[group_ids])
+            states, host, errors = self.driver.reset(seeds[group_ids])
         eps = [Episode() for _ in range(group_ids.size)]
+        for i, error in errors.items():  # a host env that failed to reset: no turn is played
+            eps[i].truncated, eps[i].env_error = True, error
         cache = None
         for turn in range(1, cfg.max_turn + 1):
             prompts = self._build_prompts(eps, host, turn)
@@ -322,7 +283,7 @@ class AgentRollout:
                                             _turn_keys(k_sample, turn, row_ids))
             parsed = self._record_answers(eps, prompts, gen)
             with timer("env_s"):
-                states, host, outcome = self._step_envs(states, eps, parsed,
+                states, host, outcome = self._step_envs(states, eps, prompts, parsed,
                                                         _turn_keys(k_env, turn, row_ids))
             self._record_outcomes(eps, prompts, parsed, outcome)
         with timer("assemble_s"):
@@ -331,10 +292,10 @@ class AgentRollout:
         return batch
 
     def reset_envs(self, seeds: Sequence[int] | np.ndarray) -> tuple[Any, Any]:
-        """One env per seed, reset from ``jax.random.key(seed)``: ``(states, host copy)``."""
-        keys = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
-        _, states = self._reset(keys, self.env_params)
-        return states, jax.device_get(states)
+        """One env per seed (a JAX env reset from ``jax.random.key(seed)``, a host env from
+        ``seed``): ``(states, host copy)``."""
+        states, host, _ = self.driver.reset(seeds)
+        return states, host
 
     # -- the phases of a turn ------------------------------------------------------------------
 
@@ -416,26 +377,22 @@ class AgentRollout:
             ep.messages.append({"role": "assistant", "content": text})
         return parsed
 
-    def _step_envs(self, states: Any, eps: list[Episode], parsed: dict[int, ParsedTurn],
-                   keys: jax.Array) -> tuple[Any, Any, _StepOutcome]:
+    def _step_envs(self, states: Any, eps: list[Episode], prompts: _Prompts,
+                   parsed: dict[int, ParsedTurn], keys: jax.Array) -> tuple[Any, Any, StepOutcome]:
         """Runs each answer's valid actions (within the episode's action budget) in the
         envs: ``(new states, their host copy, the outcome)``."""
         cfg = self.config
-        actions = np.zeros((len(eps), cfg.max_actions_per_turn), np.int32)
-        n_act = np.zeros(len(eps), np.int32)
+        actions = {}
         for i, p in parsed.items():
             ids = p.action_ids[: cfg.max_actions_per_traj - eps[i].num_actions]
-            actions[i, : len(ids)] = ids
-            n_act[i] = len(ids)
-        result = self._step_turn(states, self.env_params, jnp.asarray(actions),
-                                 jnp.asarray(n_act), keys)
-        host, *outcome = jax.device_get(result)
-        return result[0], host, _StepOutcome(*outcome)
+            names = prompts.action_names[i] or p.actions  # free text: the answer's parts
+            actions[i] = TurnActions(ids, [names[a] for a in ids])
+        return self.driver.step(states, actions, keys)
 
     def _record_outcomes(self, eps: list[Episode], prompts: _Prompts,
-                         parsed: dict[int, ParsedTurn], outcome: _StepOutcome) -> None:
+                         parsed: dict[int, ParsedTurn], outcome: StepOutcome) -> None:
         """Completes each played turn's record (answer, actions, reward, penalty) and ends
-        the episodes the env or the action budget ended."""
+        the episodes the env, its failure or the action budget ended."""
         cfg = self.config
         for i, p in parsed.items():
             ep, executed = eps[i], int(outcome.executed[i])
@@ -444,12 +401,16 @@ class AgentRollout:
             ep.turns[-1].update(
                 response=ep.messages[-1]["content"], think=p.think, answer=p.answer,
                 actions=p.actions,
-                executed=[prompts.action_names[i][a] for a in p.action_ids[:executed]],
+                executed=[(prompts.action_names[i] or p.actions)[a]
+                          for a in p.action_ids[:executed]],
                 reward=float(outcome.reward[i]),
                 penalty=cfg.context.format_penalty if p.format_error else 0.0,
                 format_error=p.reason, num_effective=int(outcome.effective[i]),
                 num_tokens=len(ep.pieces[-1].ids))
-            if outcome.terminated[i]:
+            if i in outcome.errors:  # a host env failed: the episode ends, the run goes on
+                ep.truncated, ep.env_error = True, outcome.errors[i]
+                ep.turns[-1]["env_error"] = outcome.errors[i]
+            elif outcome.terminated[i]:
                 ep.terminated = True
                 ep.success = bool(outcome.success[i])
             elif outcome.truncated[i] or ep.num_actions >= cfg.max_actions_per_traj:

@@ -48,6 +48,7 @@ class Episode:
     num_actions: int = 0  # env actions executed
     num_effective: int = 0  # of which changed the state
     emitted_eot: bool = True  # the last answer ended with the end-of-turn token (else inserted)
+    env_error: str = ""  # why a host env failed (raised, timed out) and ended the episode
     turns: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # per-turn records
     messages: list[dict[str, str]] = dataclasses.field(default_factory=list)  # the chat
 
@@ -192,14 +193,16 @@ def _trajectory_record(b: int, ep: Episode, batch: RolloutBatch, final_state: st
     first user message on turn 1, later the previous reward and the next user message),
     ``stopped`` (the answer ended with a stop id, not at the token budget), ``response``,
     ``think``, ``answer``, ``actions``, ``executed``, ``reward``, ``penalty``,
-    ``format_error`` (the reason, "" if none), ``num_effective`` and ``num_tokens``.
+    ``format_error`` (the reason, "" if none), ``num_effective`` and ``num_tokens``, and on
+    the turn a host env failed ``env_error`` (also the record's top-level ``env_error``).
     """
     return {
         "env_id": b, "group_id": int(batch.group_ids[b]), "seed": int(batch.seeds[b]),
         "tag": tag, "messages": ep.messages, "turns": ep.turns,
         "final_state": final_state, "success": ep.success, "terminated": ep.terminated,
         "truncated": ep.truncated, "length_truncated": ep.length_truncated,
-        "num_actions": ep.num_actions, "episodic_return": float(batch.episodic_return[b]),
+        "num_actions": ep.num_actions, "env_error": ep.env_error,
+        "episodic_return": float(batch.episodic_return[b]),
         "score": float(batch.scores[b]), "num_tokens": ep.length,
     }
 
@@ -236,6 +239,7 @@ def rollout_metrics(eps: Sequence[Episode], batch: RolloutBatch, *, tag: str,
         f"{tag}/score": f(batch.scores),
         "rollout/length_truncated": float(sum(ep.length_truncated for ep in eps)),
         "rollout/truncated": float(sum(ep.truncated for ep in eps)),
+        "rollout/env_errors": float(sum(bool(ep.env_error) for ep in eps)),
         "rollout/num_trajectories": float(len(eps)),
         "rollout/num_groups": float(len(set(batch.group_ids.tolist()))),
         "rollout/tokens": float(sum(ep.length for ep in eps)),

@@ -140,12 +140,14 @@ class ContextConfig:
 
 
 def system_message(env: Any, action_names: Sequence[str], cfg: ContextConfig) -> str:
-    """RAGEN's system message: prefix, env instruction, the env's ``observation_note()``
-    (how to read its state, if it has one), symbol legend, available actions."""
+    """RAGEN's system message: prefix, env instruction (the config's, else the env's own
+    ``instruction`` (host envs), else ``ENV_INSTRUCTIONS``), the env's ``observation_note()``
+    (how to read its state, if it has one), symbol legend, available actions (none listed for
+    a free-text env, as RAGEN lists them only with an ``action_lookup``)."""
     name = type(env).__name__
     instruction = cfg.env_instruction
     if instruction is None:
-        instruction = ENV_INSTRUCTIONS.get(name, "")
+        instruction = getattr(env, "instruction", None) or ENV_INSTRUCTIONS.get(name, "")
     text = cfg.system_prefix + instruction
     note = getattr(env, "observation_note", None)
     if callable(note) and note():
@@ -155,8 +157,9 @@ def system_message(env: Any, action_names: Sequence[str], cfg: ContextConfig) ->
         legend = legend_fn() if callable(legend_fn) else ENV_LEGENDS.get(name)
         if legend:
             text += cfg.legend_template.format(legend=legend)
-    text += cfg.actions_template.format(actions=", ".join(action_names),
-                                        max_actions_per_turn=cfg.max_actions_per_turn)
+    if action_names:
+        text += cfg.actions_template.format(actions=", ".join(action_names),
+                                            max_actions_per_turn=cfg.max_actions_per_turn)
     return text
 
 
@@ -330,7 +333,8 @@ class ParsedTurn:
     """One parsed response.
 
     ``actions``: the kept action strings (first ``max_actions_per_turn`` parts);
-    ``action_ids``: the ids of the valid ones, in order (what the env executes);
+    ``action_ids``: the ids of the valid ones, in order (what the env executes): indices into
+    the action names, or for a free-text env (no action names) into ``actions`` (all valid);
     ``format_error``: the turn earns the format penalty (no match, a malformed answer, an
     unknown action name, or no valid action); ``reason`` says which, for the viewer/metrics.
     """
@@ -351,7 +355,9 @@ def parse_response(text: str, action_names: Sequence[str], cfg: ContextConfig, *
                    special_inside: bool = False) -> ParsedTurn:
     """Parses one generated response (``text`` already prefixed with the prefilled tag).
 
-    Never raises for any string; model text is only matched, split and compared.
+    Empty ``action_names`` means a free-text env (a host env such as Countdown): every kept
+    part is an action, passed to the env as written. Never raises for any string; model text
+    is only matched, split and compared.
     """
     if not isinstance(text, str):
         text = str(text)
@@ -372,8 +378,11 @@ def parse_response(text: str, action_names: Sequence[str], cfg: ContextConfig, *
         return ParsedTurn(think, answer, [], [], True, "answer too long")
     parts = [p.strip() for p in answer.split(cfg.action_sep)]
     actions = [p for p in parts if p][: cfg.max_actions_per_turn]
-    lookup = {str(n).strip().lower(): i for i, n in enumerate(action_names)}
-    ids = [lookup[a.lower()] for a in actions if a.lower() in lookup]
+    if not action_names:
+        ids = list(range(len(actions)))
+    else:
+        lookup = {str(n).strip().lower(): i for i, n in enumerate(action_names)}
+        ids = [lookup[a.lower()] for a in actions if a.lower() in lookup]
     if not ids:
         return ParsedTurn(think, answer, actions, [], True, "no valid action")
     if len(ids) != len(actions):

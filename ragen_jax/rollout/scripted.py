@@ -122,6 +122,9 @@ class LegalActions:
     or off the grid), found by trying every action once from it (batched env step)."""
 
     def __init__(self, env: Any, env_params: Any, num_actions: int, max_actions_per_turn: int):
+        if not hasattr(env, "step_env"):
+            raise ValueError(f"legal actions are found by stepping a JAX env; {env.name} is a "
+                             f"host env (set warmstart.legal_actions=False)")
         self.step_turn = env_functions(env)[1]
         self.env_params = env_params
         self.n = num_actions
@@ -165,6 +168,8 @@ def random_legal_actions(rng: np.random.Generator, legal_actions: LegalActions, 
 class RandomActionPolicy(ScriptedPolicy):
     """Answers every turn with a well-formed answer naming 1 to ``max_actions_per_turn``
     (uniform) random actions of the row's state, never from a solver: the format warm-start.
+    A free-text host env (no action names) supplies them (``HostEnv.random_action``: e.g. a
+    Countdown expression of the puzzle's numbers with random operations).
 
     ``legal_only`` draws each action from those that change the state (``LegalActions``),
     still uniformly and with no look-ahead. At its first call row ``r`` opens with action
@@ -189,8 +194,11 @@ class RandomActionPolicy(ScriptedPolicy):
             raise ValueError(f"{type(self).__name__} needs env_states (call it from a rollout)")
         names = tuple(self.env.action_names_for(state))
         k = int(self.rng.integers(1, self.context.max_actions_per_turn + 1))
-        picks = self._picks(row, call, state, len(names), k)
-        text = answer_text([names[a] for a in picks], self.context)
+        if names:
+            actions = [names[a] for a in self._picks(row, call, state, len(names), k)]
+        else:  # a free-text host env draws its own well-formed actions
+            actions = [self.env.random_action(state, self.rng) for _ in range(k)]
+        text = answer_text(actions, self.context)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.eot_id]
 
     def _picks(self, row: int, call: int, state: Any, num_actions: int, k: int) -> list[int]:

@@ -1,0 +1,167 @@
+"""Countdown (RAGEN's ``countdown`` env) as a host environment.
+
+Reach the target with the given numbers, each used exactly once, with ``+ - * /`` and
+parentheses. One step: the answer is an expression; reward ``score`` (1) if it uses exactly the
+given numbers and equals the target, ``format_score`` (0.1) if it uses exactly the given
+numbers but misses (or divides by zero), 0 otherwise. ``info["success"]``: the reward is
+``score``. The observation is RAGEN's: ``Target: 24, nums: [3, 5, 2, 8]``.
+
+Puzzles come from the seed (``generate``: 3 to 4 numbers, a random expression tree over all
+of them whose value, a positive integer up to ``max_target``, becomes the target, so every
+puzzle is solvable by construction) or, with ``data_path``, from a JSONL or parquet file of
+``{"target": int, "nums": [int, ...]}`` rows (``numbers`` is accepted for ``nums``), row
+``seed mod len`` as RAGEN picks it.
+
+Host-side, not JAX: the step parses free text. Differences from RAGEN (deliberate):
+
+* RAGEN reads a downloaded parquet file; the puzzles here are generated (a file is optional).
+* RAGEN checks the numbers with a regex on the raw answer and its value with ``eval``; here the
+  answer must parse as an arithmetic expression (``envs.arithmetic``: exact fractions, no
+  ``eval``, bounded size) or it earns 0, so ``"1 2 3"`` gets 0 where RAGEN gives 0.1, and
+  unicode digits are not numbers.
+* An empty answer is the rollout's format error (penalty -0.1) rather than RAGEN's
+  ``invalid_act_score``; the feedback text reads "Your answer gets ... points.".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+
+from ragen_jax.envs.arithmetic import parse
+from ragen_jax.envs.host import HostEnv
+
+INSTRUCTION = (
+    "You are solving the Countdown puzzle. You should use the num list to create an equation "
+    "that equals the target. Example answer format: <think> To find an equation using [3, 5, 2] "
+    "to get 4. Let's check 2 + 5 = 7, 7 - 3 = 4. So the answer is 2 + 5 - 3 = 4. </think>"
+    "<answer>2 + 5 - 3</answer>"
+)  # RAGEN's env_instruction for the Countdown tag
+
+_OPS = "+-*/"
+
+
+@dataclasses.dataclass(frozen=True)
+class Puzzle:
+    """A Countdown puzzle; ``solution`` is one expression reaching the target ("" if unknown)."""
+
+    target: int
+    numbers: tuple[int, ...]
+    solution: str = ""
+
+
+def generate(seed: int, *, min_numbers: int = 3, max_numbers: int = 4, max_number: int = 99,
+             max_target: int = 100) -> Puzzle:
+    """The puzzle of ``seed``: ``min_numbers``..``max_numbers`` numbers in 1..``max_number``
+    combined in a random order by random operations; the first draw whose value is an integer
+    in 1..``max_target`` is the target (exact arithmetic; a division by zero is redrawn)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(10_000):
+        count = int(rng.integers(min_numbers, max_numbers + 1))
+        numbers = tuple(int(n) for n in rng.integers(1, max_number + 1, size=count))
+        value, text = _random_tree(rng, numbers)
+        if value is not None and value.denominator == 1 and 1 <= value <= max_target:
+            return Puzzle(int(value), numbers, text)
+    raise RuntimeError(f"no Countdown puzzle found for seed {seed} (max_target too small?)")
+
+
+def _random_tree(rng: np.random.Generator, numbers: tuple[int, ...]) -> tuple[Fraction | None, str]:
+    """Combines every number once: two random items, a random operation, until one is left."""
+    items = [(Fraction(n), str(n)) for n in numbers]
+    while len(items) > 1:
+        i, j = (int(k) for k in rng.choice(len(items), size=2, replace=False))
+        (a, ta), (b, tb) = items[i], items[j]
+        op = _OPS[int(rng.integers(4))]
+        if op == "/" and b == 0:
+            return None, ""
+        value = a + b if op == "+" else a - b if op == "-" else a * b if op == "*" else a / b
+        items = [x for k, x in enumerate(items) if k not in (i, j)] + [(value, f"({ta} {op} {tb})")]
+    value, text = items[0]
+    return value, text[1:-1] if text.startswith("(") else text
+
+
+@functools.lru_cache(maxsize=8)
+def _read_puzzles(path: str, mtime: float) -> tuple[Puzzle, ...]:
+    del mtime  # part of the cache key only: an edited file is read again
+    suffix = Path(path).suffix.lower()
+    if suffix == ".parquet":
+        try:
+            import pandas
+            rows = pandas.read_parquet(path).to_dict("records")
+        except ImportError as e:
+            raise ImportError(f"reading {path} needs pandas with pyarrow ({e})") from None
+    else:
+        rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()
+                if line.strip()]
+    puzzles = []
+    for n, row in enumerate(rows, 1):
+        try:
+            nums = row["nums"] if "nums" in row else row["numbers"]
+            puzzles.append(Puzzle(int(row["target"]), tuple(int(x) for x in nums)))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path} row {n}: need 'target' and 'nums' ({e!r})") from None
+    if not puzzles:
+        raise ValueError(f"{path} holds no puzzle")
+    return tuple(puzzles)
+
+
+def load_puzzles(path: str | os.PathLike) -> tuple[Puzzle, ...]:
+    """The puzzles of a JSONL or parquet file (read once per version of the file)."""
+    path = os.fspath(path)
+    return _read_puzzles(path, os.path.getmtime(path))
+
+
+def score_answer(answer: str, puzzle: Puzzle, *, format_score: float = 0.1,
+                 score: float = 1.0) -> float:
+    """RAGEN's Countdown reward of one answer (never raises; see the module docstring)."""
+    expr = parse(answer.strip()) if isinstance(answer, str) else None
+    if expr is None or sorted(expr.numbers) != sorted(puzzle.numbers):
+        return 0.0
+    return score if expr.value == puzzle.target else format_score
+
+
+class Countdown(HostEnv):
+    """One Countdown puzzle per episode, one step (see the module docstring)."""
+
+    instruction = INSTRUCTION
+
+    def __init__(self, data_path: str = "", min_numbers: int = 3, max_numbers: int = 4,
+                 max_number: int = 99, max_target: int = 100, format_score: float = 0.1,
+                 score: float = 1.0):
+        if not 1 <= min_numbers <= max_numbers:
+            raise ValueError(f"need 1 <= min_numbers <= max_numbers, got {min_numbers}, {max_numbers}")
+        self.puzzles = load_puzzles(data_path) if data_path else None
+        self.sizes = dict(min_numbers=min_numbers, max_numbers=max_numbers,
+                          max_number=max_number, max_target=max_target)
+        self.format_score, self.score = float(format_score), float(score)
+        self.puzzle: Puzzle | None = None
+
+    def puzzle_for(self, seed: int) -> Puzzle:
+        """The puzzle an episode of ``seed`` plays."""
+        if self.puzzles is not None:
+            return self.puzzles[seed % len(self.puzzles)]
+        return generate(seed, **self.sizes)
+
+    def reset(self, seed: int) -> str:
+        self.puzzle = self.puzzle_for(seed)
+        return f"Target: {self.puzzle.target}, nums: {list(self.puzzle.numbers)}"
+
+    def step(self, action: str) -> tuple[str, float, bool, dict]:
+        if self.puzzle is None:
+            raise RuntimeError("step before reset")
+        reward = score_answer(action, self.puzzle, format_score=self.format_score, score=self.score)
+        info = {"success": reward == self.score, "action_is_effective": reward > 0,
+                "action_is_valid": reward > 0}
+        return f"Your answer gets {reward:g} points.", reward, True, info
+
+    def random_action(self, rng: np.random.Generator) -> str:
+        """The numbers in a random order joined by random operations (format only)."""
+        numbers = [self.puzzle.numbers[i] for i in rng.permutation(len(self.puzzle.numbers))]
+        ops = [_OPS[int(k)] for k in rng.integers(4, size=len(numbers) - 1)]
+        return " ".join([str(numbers[0])] + [f"{o} {n}" for o, n in zip(ops, numbers[1:], strict=True)])

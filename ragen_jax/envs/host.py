@@ -1,0 +1,129 @@
+"""Host environments: Python environments that are not pure JAX, played by the same rollout.
+
+RAGEN's environments share one string-in, ``(obs, reward, done, info)``-out contract; most of
+them (Countdown, Sudoku, anything that parses free text, runs a program or calls a server)
+cannot be jitted. A ``HostEnv`` is that contract:
+
+* ``reset(seed) -> text``: the same seed gives the same episode (the rollout resets every env
+  of a group with the group's seed);
+* ``step(action) -> (text, reward, done, info)``: ``action`` is one action of the model's
+  answer (the answer split on ``||``; an action name when the env has ``action_names``);
+  ``info["success"]`` says whether a finished episode was won; ``info["truncated"]`` (optional)
+  that it ended by a step limit rather than by the task; ``info["action_is_effective"]``
+  (optional, default True) that the action changed something.
+
+Optional parts: ``action_names`` (a fixed list the parser matches case-insensitively, as
+RAGEN's ``action_lookup``; empty = free text, every non-empty answer part is passed to
+``step``), ``instruction`` (the system message's env instruction), ``random_action`` (a
+well-formed action for the format warm-start), and RAGEN's ``parallel_friendly`` /
+``max_workers`` (whether different instances may step in parallel threads, and how many), plus
+``step_timeout`` (seconds one ``reset`` or ``step`` call may take before its episode is ended
+as a failure).
+
+``HostEnvFamily`` is what ``ragen_jax.envs.make`` returns for a host env: it builds one
+instance per episode slot (a ``HostEnv`` keeps its episode in ``self``) and gives the rollout
+the same small surface as a JAX ``TextEnv`` (``name``, ``action_names_for``, ``render_text``);
+the rollout resets and steps its instances with ``ragen_jax.rollout.host_driver``. The
+rollout's per-row "state" of a host env is a ``HostState``: the last observation text, the
+action names in force and the instance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+
+class HostEnv:
+    """Base class of a host environment (see the module docstring for the contract).
+
+    Subclasses implement ``reset`` and ``step`` and may set the class attributes below.
+    Instances are never shared between episodes running at the same time, so an env only has
+    to be thread-safe across instances, and only if it sets ``parallel_friendly``.
+    """
+
+    action_names: tuple[str, ...] = ()  # fixed action names; () = free-text actions
+    instruction: str = ""  # the system message's env instruction
+    parallel_friendly: bool = False  # different instances may step in parallel threads (RAGEN)
+    max_workers: int = 8  # threads when parallel_friendly (RAGEN: max_workers)
+    step_timeout: float = 30.0  # seconds a reset or step may take; past it the episode fails
+
+    @property
+    def name(self) -> str:
+        """The default metric tag (RAGEN's env tag): the class name."""
+        return type(self).__name__
+
+    def reset(self, seed: int) -> str:
+        """Starts the episode of ``seed`` (the same seed, the same episode); returns its text."""
+        raise NotImplementedError(f"{self.name} must implement reset(seed)")
+
+    def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
+        """Plays one action: ``(text, reward, done, info)`` with ``info["success"]``."""
+        raise NotImplementedError(f"{self.name} must implement step(action)")
+
+    def random_action(self, rng: np.random.Generator) -> str:
+        """A well-formed action in the current state, drawn at random (never a solver): the
+        format warm-start's answers. Default: one of ``action_names``."""
+        if not self.action_names:
+            raise NotImplementedError(f"{self.name}: free-text env without random_action(rng)")
+        return str(self.action_names[int(rng.integers(len(self.action_names)))])
+
+
+@dataclasses.dataclass(frozen=True)
+class HostState:
+    """One episode slot's state as the rollout sees it (and passes to policies)."""
+
+    text: str  # the last observation
+    action_names: tuple[str, ...]  # the names in force; () = free text
+    env: HostEnv | None  # the instance playing it (None after a failed reset)
+
+
+class HostEnvFamily:
+    """Instances of one host env (``factory()`` builds one) and their batch options.
+
+    ``parallel_friendly``, ``max_workers`` and ``step_timeout`` default to the prototype's
+    class attributes. ``ragen_jax.rollout.host_driver.HostEnvDriver`` resets and steps a batch
+    of instances.
+    """
+
+    def __init__(self, factory: Callable[[], HostEnv], *, parallel_friendly: bool | None = None,
+                 max_workers: int | None = None, step_timeout: float | None = None):
+        self.factory = factory
+        self.prototype = factory()
+        if not isinstance(self.prototype, HostEnv):
+            raise TypeError(f"a host env factory must build a HostEnv, got {type(self.prototype)}")
+        proto = self.prototype
+        self.parallel_friendly = proto.parallel_friendly if parallel_friendly is None else bool(parallel_friendly)
+        self.max_workers = int(proto.max_workers if max_workers is None else max_workers)
+        self.step_timeout = float(proto.step_timeout if step_timeout is None else step_timeout)
+        if self.max_workers < 1 or self.step_timeout <= 0:
+            raise ValueError(f"{proto.name}: max_workers must be >= 1 and step_timeout > 0, got "
+                             f"{self.max_workers} and {self.step_timeout}")
+
+    @property
+    def name(self) -> str:
+        return self.prototype.name
+
+    @property
+    def instruction(self) -> str:
+        return self.prototype.instruction
+
+    @property
+    def workers(self) -> int:
+        """Threads stepping instances: ``max_workers`` if parallel-friendly, else 1."""
+        return self.max_workers if self.parallel_friendly else 1
+
+    def action_names_for(self, state: HostState) -> tuple[str, ...]:
+        return state.action_names
+
+    def render_text(self, state: HostState) -> str:
+        return state.text
+
+    def random_action(self, state: HostState, rng: np.random.Generator) -> str:
+        """A random well-formed action for ``state`` (its instance's ``random_action``)."""
+        if state.env is None:
+            raise ValueError("no env instance behind this state (its reset failed)")
+        return state.env.random_action(rng)

@@ -1,0 +1,145 @@
+"""Env drivers: how the agent loop resets and steps a batch of environments.
+
+``AgentRollout`` plays every env through one small interface (``EnvDriver``): reset a batch
+from seeds, step each row with its turn's parsed actions. Two drivers implement it:
+
+* ``JaxEnvDriver`` for the pure-JAX ``TextEnv``s: ``vmap``-batched, jitted once per env object
+  (``env_functions``), one device call per turn for the whole batch;
+* ``HostEnvDriver`` (``ragen_jax.rollout.host_driver``) for host envs (``envs.host``): one
+  Python instance per row, stepped on worker threads with a timeout, failures recorded per
+  episode.
+
+``rollout.agent.make_driver`` picks one once, when the rollout is built, so the loop has a
+single path and the JAX envs pay nothing for the host ones.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class TurnActions(NamedTuple):
+    """One row's actions to run this turn, in order (already cut to the action budget)."""
+
+    ids: list[int]  # indices into the row's action names (free text: into ``texts``)
+    texts: list[str]  # the same actions as text (names, or the free-text answer parts)
+
+
+class StepOutcome(NamedTuple):
+    """A turn's per-row results, on the host (``[B]`` arrays) plus the rows that failed."""
+
+    reward: np.ndarray  # env rewards of the executed actions, summed
+    executed: np.ndarray  # actions executed
+    effective: np.ndarray  # of which changed the state
+    terminated: np.ndarray
+    truncated: np.ndarray
+    success: np.ndarray
+    errors: dict[int, str]  # row -> why its env failed (host envs); the episode ends there
+
+
+class EnvDriver(Protocol):
+    """Resets and steps one batch of envs (one row per episode)."""
+
+    def reset(self, seeds: np.ndarray) -> tuple[Any, Any, dict[int, str]]:
+        """One env per seed: ``(states, host view, errors)``; ``row_state(host view, b)`` is
+        row ``b``'s state for rendering and policies; ``errors`` maps a row whose reset failed
+        to the reason (its episode ends before it starts)."""
+        ...
+
+    def step(self, states: Any, actions: dict[int, TurnActions],
+             keys: jax.Array) -> tuple[Any, Any, StepOutcome]:
+        """Runs each listed row's actions in order until its env is done; other rows are
+        left as they are: ``(states, host view, outcome)``."""
+        ...
+
+
+# ----------------------------------------------------------------------------------------------
+# Pure-JAX envs
+# ----------------------------------------------------------------------------------------------
+
+_ENV_FNS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def env_functions(env: Any) -> tuple[Callable, Callable]:
+    """``(reset, step_turn)`` for ``env``, batched with vmap and jitted (cached per env).
+
+    ``reset(keys[N], params) -> (obs, states)``.
+    ``step_turn(states, params, actions[N, A], n_act[N], keys[N])`` runs each env's first
+    ``n_act`` actions in order (``step_env``: no auto-reset), stopping at terminated or
+    truncated, and returns ``(states, reward_sum, n_executed, n_effective, terminated,
+    truncated, success)``.
+    """
+    if env in _ENV_FNS:
+        return _ENV_FNS[env]
+    reset = jax.jit(jax.vmap(env.reset_env, in_axes=(0, None)))
+
+    def one(state, params, acts, n, key):
+        def body(carry, i):
+            state, done, rew, n_exec, n_eff, term, trunc, succ = carry
+            do = (i < n) & ~done
+            _, nxt, r, t, info = env.step_env(jax.random.fold_in(key, i), state, acts[i], params)
+            t = jnp.asarray(t, bool)
+            tr = jnp.asarray(env.is_truncated(nxt, params), bool) & ~t
+            state = jax.tree.map(lambda a, b: jnp.where(do, a, b), nxt, state)
+            carry = (
+                state,
+                done | (do & (t | tr)),
+                rew + jnp.where(do, r, 0.0).astype(jnp.float32),
+                n_exec + do.astype(jnp.int32),
+                n_eff + (do & jnp.asarray(info["action_is_effective"], bool)).astype(jnp.int32),
+                term | (do & t),
+                trunc | (do & tr),
+                jnp.where(do, jnp.asarray(info["success"], bool), succ),
+            )
+            return carry, None
+
+        f, i0 = jnp.bool_(False), jnp.int32(0)
+        init = (state, f, jnp.float32(0.0), i0, i0, f, f, f)
+        (state, _, rew, n_exec, n_eff, term, trunc, succ), _ = jax.lax.scan(
+            body, init, jnp.arange(acts.shape[0]))
+        return state, rew, n_exec, n_eff, term, trunc, succ
+
+    step_turn = jax.jit(jax.vmap(one, in_axes=(0, None, 0, 0, 0)))
+    _ENV_FNS[env] = (reset, step_turn)
+    return reset, step_turn
+
+
+def row_state(states: Any, row: int) -> Any:
+    """Row ``row`` of a batched env-state pytree (host numpy arrays: an unbatched state; a
+    host env's object array: its ``HostState``)."""
+    return jax.tree.map(lambda x: x[row], states)
+
+
+class JaxEnvDriver:
+    """A ``TextEnv`` batched on device: one jitted reset, one jitted ``step_turn`` a turn (a
+    ``lax.scan`` over the turn's action slots, ``max_actions_per_turn`` wide)."""
+
+    def __init__(self, env: Any, env_params: Any, max_actions_per_turn: int):
+        self.env, self.env_params = env, env_params
+        self._reset, self._step_turn = env_functions(env)
+        self.width = int(max_actions_per_turn)
+
+    def reset(self, seeds: Sequence[int] | np.ndarray) -> tuple[Any, Any, dict[int, str]]:
+        """Each env reset from ``jax.random.key(seed)``."""
+        keys = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
+        _, states = self._reset(keys, self.env_params)
+        return states, jax.device_get(states), {}
+
+    def step(self, states: Any, actions: dict[int, TurnActions],
+             keys: jax.Array) -> tuple[Any, Any, StepOutcome]:
+        n = keys.shape[0]
+        ids = np.zeros((n, self.width), np.int32)
+        n_act = np.zeros(n, np.int32)
+        for i, a in actions.items():
+            ids[i, : len(a.ids)] = a.ids
+            n_act[i] = len(a.ids)
+        result = self._step_turn(states, self.env_params, jnp.asarray(ids), jnp.asarray(n_act),
+                                 keys)
+        host, *outcome = jax.device_get(result)
+        return result[0], host, StepOutcome(*outcome, errors={})

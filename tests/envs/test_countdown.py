@@ -1,0 +1,114 @@
+"""Countdown: generated puzzles are solvable (brute force), RAGEN's rewards on hand-written
+answers, determinism per seed, file-backed puzzles."""
+
+import itertools
+import json
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from ragen_jax.envs import make
+from ragen_jax.envs.arithmetic import parse
+from ragen_jax.envs.countdown import Countdown, Puzzle, generate, load_puzzles, score_answer
+
+
+def solvable(numbers, target) -> bool:
+    """Brute force: combine any two remaining values with + - * / (both orders) until one is
+    left, every number used once."""
+    def search(values):
+        if len(values) == 1:
+            return values[0] == target
+        for i, j in itertools.permutations(range(len(values)), 2):
+            a, b = values[i], values[j]
+            rest = [v for k, v in enumerate(values) if k not in (i, j)]
+            results = [a + b, a - b, a * b] + ([a / b] if b else [])
+            if any(search(rest + [r]) for r in results):
+                return True
+        return False
+    return search([Fraction(n) for n in numbers])
+
+
+def test_generated_puzzles_are_solvable_and_in_range():
+    for seed in range(60):
+        p = generate(seed)
+        assert 3 <= len(p.numbers) <= 4 and all(1 <= n <= 99 for n in p.numbers)
+        assert 1 <= p.target <= 100
+        assert solvable(p.numbers, p.target), p
+        expr = parse(p.solution)  # the construction's own expression reaches it too
+        assert sorted(expr.numbers) == sorted(p.numbers) and expr.value == p.target
+
+
+def test_same_seed_same_puzzle():
+    assert generate(7) == generate(7)
+    assert len({generate(s).numbers for s in range(20)}) > 15
+    env_a, env_b = Countdown(), Countdown()
+    assert env_a.reset(12345) == env_b.reset(12345)
+    assert env_a.reset(12345).startswith("Target: ")
+
+
+PUZZLE = Puzzle(24, (3, 5, 2, 8))
+
+
+@pytest.mark.parametrize("answer, reward", [
+    ("(3 + 5) * 2 + 8", 1.0),
+    (" 8 + 2 * (5 + 3) ", 1.0),  # any order, spaces
+    ("3 * 8 + 5 - 2", 0.1),  # right numbers, 27
+    ("8 / 2 * (5 - 3)", 0.1),  # right numbers, 8
+    ("(5 - 2) * 8", 0.0),  # 3 unused
+    ("(3 + 5) * 2 + 8 + 0", 0.0),  # an extra number
+    ("(3 + 3) * 2 + 8 + 5", 0.0),  # 3 twice
+    ("(3 + 5) * 2 + 8 = 24", 0.0),  # not an expression
+    ("", 0.0),
+    ("three plus five", 0.0),
+    ("(3 + 5 * 2 + 8", 0.0),
+    ("3 ** 5 ** 2 ** 8", 0.0),  # a huge power: no value is computed
+    ("9**9**9", 0.0),
+    ("(３ + 5) * 2 + 8", 0.0),  # full-width digit
+    ("(٣ + 5) * 2 + 8", 0.0),  # Arabic-Indic digit
+    ("(" * 5000 + "3 + 5) * 2 + 8", 0.0),  # deep parentheses
+    ("__import__('os').system('true')", 0.0),
+])
+def test_rewards_on_hand_written_answers(answer, reward):
+    assert score_answer(answer, PUZZLE) == reward
+
+
+def test_division_by_zero_with_the_right_numbers_is_a_wrong_value():
+    """RAGEN checks the numbers first, then the value (its eval raising counts as wrong)."""
+    assert score_answer("5 / (2 - 2)", Puzzle(10, (2, 2, 5))) == 0.1
+    assert score_answer(None, PUZZLE) == 0.0  # type: ignore[arg-type]
+
+
+def test_step_is_one_move_and_reports_success():
+    env = Countdown()
+    text = env.reset(3)
+    p = env.puzzle
+    assert text == f"Target: {p.target}, nums: {list(p.numbers)}"
+    obs, reward, done, info = env.step(p.solution)
+    assert (reward, done, info["success"]) == (1.0, True, True) and "1 points" in obs
+    env.reset(3)
+    _, reward, done, info = env.step("1 +")
+    assert (reward, done, info["success"]) == (0.0, True, False)
+
+
+def test_random_actions_use_the_puzzles_numbers():
+    env, rng = Countdown(), np.random.default_rng(0)
+    for seed in range(20):
+        env.reset(seed)
+        action = env.random_action(rng)
+        assert score_answer(action, env.puzzle) in (0.1, 1.0)
+
+
+def test_puzzles_from_a_jsonl_file(tmp_path):
+    path = tmp_path / "puzzles.jsonl"
+    rows = [{"target": 6, "nums": [1, 2, 3]}, {"target": 10, "numbers": [2, 5]}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert load_puzzles(path) == (Puzzle(6, (1, 2, 3)), Puzzle(10, (2, 5)))
+    family, params = make("countdown", data_path=str(path))
+    env = family.factory()
+    assert params is None and env.reset(0) == "Target: 6, nums: [1, 2, 3]"
+    assert env.reset(3) == "Target: 10, nums: [2, 5]"  # row seed mod len, as RAGEN
+    assert env.step("2 * 5")[1] == 1.0
+    path.write_text('{"target": 6}\n')
+    with pytest.raises(ValueError, match="row 1"):
+        make("countdown", data_path=str(path))

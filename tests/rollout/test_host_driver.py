@@ -1,0 +1,167 @@
+"""Host envs in the multi-turn rollout: failures cost one episode (raise, hang past the
+timeout, malformed returns), the same seed plays the same episode, free-text parsing, and
+parallel-friendly envs step in threads."""
+
+import dataclasses
+import threading
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from ragen_jax.envs import make
+from ragen_jax.envs.host import HostEnv, HostEnvFamily
+from ragen_jax.models import tokenizer as tk
+from ragen_jax.rollout import ScriptedPolicy
+from ragen_jax.rollout.agent import AgentRollout, RolloutConfig
+from ragen_jax.rollout.scripted import RandomActionPolicy, answer_text
+
+CFG = RolloutConfig(env_groups=2, group_size=2, max_turn=2, max_actions_per_traj=4,
+                    max_actions_per_turn=2, response_length=32, enable_think=False)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tk.load(None)
+
+
+class Moody(HostEnv):
+    """Echoes the seed; an action ``boom`` raises, ``hang`` sleeps past any test timeout,
+    ``junk`` returns a malformed step, ``win`` ends the episode won, anything else pays 1."""
+
+    instruction = "Say win."
+
+    def reset(self, seed):
+        self.seed = seed
+        return f"seed {seed}"
+
+    def step(self, action):
+        if action == "boom":
+            raise ValueError(f"boom on seed {self.seed}")
+        if action == "hang":
+            time.sleep(3.0)
+        if action == "junk":
+            return "only two", 1.0
+        done = action == "win"
+        return f"seed {self.seed} after {action}", 1.0, done, {"success": done}
+
+
+def _play(tok, answers, *, timeout=10.0, seeds=(11, 12), cfg=CFG, **kw):
+    family = HostEnvFamily(Moody, step_timeout=timeout, **kw)
+    rollout = AgentRollout(family, None, tok, cfg)
+    policy = ScriptedPolicy.from_texts(
+        tok, lambda row, call: answer_text(answers(row, call), cfg.context))
+    return rollout.collect(policy, np.array(seeds), jax.random.key(0))
+
+
+def test_an_env_that_raises_costs_only_its_episode(tok):
+    batch = _play(tok, lambda row, call: ["boom"] if row == 1 else ["go", "win"])
+    t = batch.trajectories
+    assert t[1]["env_error"] == "ValueError: boom on seed 11"
+    assert t[1]["turns"][-1]["env_error"] == t[1]["env_error"] and not t[1]["success"]
+    assert t[1]["truncated"] and batch.episodic_return[1] == 0.0
+    for b in (0, 2, 3):  # the others play on: "go" then "win" in one turn
+        assert t[b]["success"] and t[b]["env_error"] == "" and batch.episodic_return[b] == 2.0
+    assert batch.metrics["rollout/env_errors"] == 1.0
+
+
+def test_rewards_before_a_failing_step_are_kept(tok):
+    batch = _play(tok, lambda row, call: ["go", "boom"])
+    assert (batch.episodic_return == 1.0).all() and batch.metrics["rollout/env_errors"] == 4.0
+    assert all(t["turns"][0]["executed"] == ["go"] for t in batch.trajectories)
+
+
+def test_a_hanging_step_times_out(tok):
+    t0 = time.perf_counter()
+    batch = _play(tok, lambda row, call: ["hang"] if row == 2 else ["win"], timeout=0.3)
+    assert time.perf_counter() - t0 < 2.5  # the 3 s sleep is not waited for
+    assert batch.trajectories[2]["env_error"].startswith("timed out")
+    assert [t["success"] for t in batch.trajectories] == [True, True, False, True]
+
+
+def test_a_hang_does_not_block_the_next_rollout(tok):
+    """The hung thread is retired and replaced: a single-worker env keeps working."""
+    family = HostEnvFamily(Moody, step_timeout=0.2)
+    rollout = AgentRollout(family, None, tok, CFG)
+    for answer in (["hang"], ["win"]):
+        policy = ScriptedPolicy.from_texts(
+            tok, lambda row, call, a=answer: answer_text(a, CFG.context))
+        batch = rollout.collect(policy, np.array([1]), jax.random.key(0), group_size=1)
+    assert batch.trajectories[0]["success"] and batch.trajectories[0]["env_error"] == ""
+
+
+def test_a_malformed_step_is_a_recorded_failure(tok):
+    batch = _play(tok, lambda row, call: ["junk"] if row == 0 else ["win"])
+    assert batch.trajectories[0]["env_error"].startswith("TypeError: step must return")
+    assert batch.success.tolist() == [False, True, True, True]
+
+
+def test_a_failed_reset_ends_the_episode_before_it_starts(tok):
+    class BadSeed(Moody):
+        def reset(self, seed):
+            if seed == 12:
+                raise RuntimeError("no level 12")
+            return super().reset(seed)
+
+    rollout = AgentRollout(HostEnvFamily(BadSeed), None, tok, CFG)
+    policy = ScriptedPolicy.from_texts(tok, lambda row, call: answer_text(["win"], CFG.context))
+    batch = rollout.collect(policy, np.array([11, 12]), jax.random.key(0))
+    assert [t["env_error"] for t in batch.trajectories] == ["", "", "reset: RuntimeError: no level 12",
+                                                          "reset: RuntimeError: no level 12"]
+    assert batch.num_turns.tolist() == [1, 1, 0, 0] and batch.success.tolist() == [True, True, False, False]
+
+
+def test_free_text_turns_and_prompts(tok):
+    batch = _play(tok, lambda row, call: ["go"])
+    t = batch.trajectories[0]
+    assert t["messages"][0]["content"].endswith("Say win.")  # its instruction, no action list
+    assert "available actions" not in t["messages"][0]["content"]
+    assert [turn["state"] for turn in t["turns"]] == ["seed 11", "seed 11 after go"]
+    assert t["turns"][0]["executed"] == ["go"] and t["final_state"] == "seed 11 after go"
+    assert batch.metrics["Moody/format_error_rate"] == 0.0
+
+
+def test_same_seed_same_episode(tok):
+    env, _ = make("countdown")
+    cfg = dataclasses.replace(CFG, max_turn=1, max_actions_per_turn=1, max_actions_per_traj=1)
+    rollout = AgentRollout(env, None, tok, cfg)
+
+    def play():
+        policy = RandomActionPolicy(env, None, tok, cfg.context, seed=0)
+        return rollout.collect(policy, np.array([5, 6]), jax.random.key(1))
+
+    a, b = play(), play()
+    assert [t["turns"][0]["state"] for t in a.trajectories] == [t["turns"][0]["state"] for t in b.trajectories]
+    assert a.trajectories[0]["turns"][0]["state"] == a.trajectories[1]["turns"][0]["state"]  # one group
+    assert a.trajectories[0]["turns"][0]["state"] != a.trajectories[2]["turns"][0]["state"]
+    assert (a.scores == b.scores).all() and (a.input_ids == b.input_ids).all()
+
+
+def test_parallel_friendly_envs_step_in_threads(tok):
+    seen, lock = set(), threading.Lock()
+
+    class Slow(Moody):
+        parallel_friendly = True
+
+        def step(self, action):
+            with lock:
+                seen.add(threading.get_ident())
+            time.sleep(0.2)
+            return super().step(action)
+
+    cfg = dataclasses.replace(CFG, max_turn=1)
+    rollout = AgentRollout(HostEnvFamily(Slow, max_workers=4), None, tok, cfg)
+    policy = ScriptedPolicy.from_texts(tok, lambda row, call: answer_text(["win"], cfg.context))
+    t0 = time.perf_counter()
+    batch = rollout.collect(policy, np.array([1, 2]), jax.random.key(0))
+    assert batch.success.all() and len(seen) == 4
+    assert time.perf_counter() - t0 < 0.7  # 4 x 0.2 s in parallel, not 0.8 s
+
+
+def test_host_options_through_make():
+    family, params = make("sudoku", size=4, step_timeout=5, max_workers=3, parallel_friendly=True)
+    assert params is None and family.workers == 3 and family.step_timeout == 5.0
+    assert family.name == "Sudoku" and make("sudoku")[0].workers == 1
+    with pytest.raises(ValueError, match="unknown parameter"):
+        make("countdown", grid=3)
