@@ -15,6 +15,8 @@ chunks, decoding and parsing, batch assembly: everything outside the generate an
 
     PYTHONPATH=. python experiments/bench_rollout.py            # tiny preset
     PYTHONPATH=. python experiments/bench_rollout.py --big      # + 0.5B-shaped random model
+    PYTHONPATH=. python experiments/bench_rollout.py --sharing --groups 8 --group-size 16
+        # a group's first prompt prefilled once, cache growth in multiples of 128: same seeds
 
 Writes ``experiments/results/bench_rollout.md`` and prints the table.
 """
@@ -78,6 +80,50 @@ def bench(name: str, config: QwenConfig, args) -> list[dict]:
     return rows
 
 
+def bench_sharing(args) -> str:
+    """The first prompt prefilled once per group and tighter cache growth, against neither,
+    on the same seeds in one process, greedy (so the trajectories must be equal)."""
+    tok = tokenizers.load(None)
+    model = Qwen2ForCausalLM(QwenConfig.tiny(), rngs=nnx.Rngs(0))
+    env, params = make("sokoban")
+    cfg = RolloutConfig(env_groups=args.groups, group_size=args.group_size, max_turn=args.turns,
+                        response_length=args.response_length, temperature=0.0)
+    rollout = AgentRollout(env, params, tok, cfg)
+    seeds = train_seeds(cfg, 0)
+    settings = [("every row prefilled, power-of-two cache", dict(share_prompts=False)),
+                ("group prompt prefilled once", dict(share_prompts=True)),
+                ("prompt once + cache in multiples of 128",
+                 dict(share_prompts=True, cache_multiple=128))]
+    rows, reference = [], None
+    for label, kw in settings:
+        sampler = Sampler(model, pad_id=tok.pad_token_id, bucket_multiple=cfg.pad_multiple, **kw)
+        t0 = time.perf_counter()
+        rollout.collect(sampler, seeds, jax.random.key(0))  # compiles
+        warm = time.perf_counter() - t0
+        walls = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            batch = rollout.collect(sampler, seeds, jax.random.key(0))
+            walls.append(time.perf_counter() - t0)
+        same = reference is None or np.array_equal(batch.input_ids, reference.input_ids)
+        reference = reference or batch
+        wall = float(np.median(walls))
+        rows.append(f"| {label} | {wall:.2f} | {len(batch.trajectories) / wall:.2f} | "
+                    f"{batch.timing['generate_s']:.2f} | {warm:.1f} | "
+                    f"{'yes' if same else 'NO'} |")
+        print(rows[-1], flush=True)
+    base = float(rows[0].split("|")[2])
+    return "\n".join([
+        f"## Group prompt sharing and cache growth ({args.groups} groups x {args.group_size}, "
+        f"{args.turns} turns, {args.response_length} tokens per turn, greedy, tiny)",
+        "",
+        "| sampler | wall s | episodes/s | generate s | first run s | trajectories equal |",
+        "|---|---:|---:|---:|---:|---|",
+        *rows, "", f"Speed-up of the last row: {base / float(rows[-1].split('|')[2]):.2f}x "
+        f"(median of {args.repeats} runs after a compiling one; {platform.machine()}, "
+        f"{os.cpu_count()} CPUs, jax {jax.__version__}).", ""])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--big", action="store_true", help="also the 0.5B-shaped random model")
@@ -90,7 +136,14 @@ def main() -> None:
     ap.add_argument("--big-only", action="store_true", help="only the 0.5B-shaped model")
     ap.add_argument("--append", action="store_true",
                     help="append this table to the results file instead of replacing it")
+    ap.add_argument("--sharing", action="store_true",
+                    help="only: group prompt sharing and cache growth (appended to the results)")
     args = ap.parse_args()
+    if args.sharing:
+        text = bench_sharing(args)
+        RESULTS.write_text(RESULTS.read_text() + "\n" + text if RESULTS.exists() else text)
+        print(text)
+        return
 
     rows = [] if args.big_only else bench("tiny", QwenConfig.tiny(), args)
     if args.big or args.big_only:

@@ -227,13 +227,15 @@ class Sampler:
     """
 
     def __init__(self, model: Qwen2ForCausalLM, *, pad_id: int = 0, min_bucket: int = 16,
-                 bucket_multiple: int | None = None, share_prompts: bool = True):
+                 bucket_multiple: int | None = None, share_prompts: bool = True,
+                 cache_multiple: int | None = None):
         self.graphdef, self.state = nnx.split(per_layer(model))
         self.config = model.config
         self.pad_id = int(pad_id)
         self.min_bucket = int(min_bucket)
         self.bucket_multiple = bucket_multiple
         self.share_prompts = share_prompts
+        self.cache_multiple = cache_multiple
 
     def update(self, model: Qwen2ForCausalLM) -> None:
         """Uses ``model``'s current parameters from now on."""
@@ -265,7 +267,8 @@ class Sampler:
           max_new: optional per-sequence token budgets ``[B]`` (<= ``params.max_new_tokens``).
           active: optional ``[B]`` bool; inactive rows generate nothing (finished episodes).
           cache: continue this cache (it is donated: do not reuse the passed object). It grows
-            to the next power of two when the chunk and the new tokens do not fit.
+            to the next power of two (``cache_multiple``: the next multiple of it) when the
+            chunk and the new tokens do not fit.
           bucket: force the prompt bucket length (default: power of two >= longest prompt).
           env_states: ignored (the rollout passes every policy this turn's env states; a
             model reads only the prompt).
@@ -292,7 +295,7 @@ class Sampler:
                 raise ValueError(f"cache batch {cache.batch} != prompt batch {b}")
             need = int(cache.index) + p + n  # one host read, outside the decode loop
             if need > cache.size:
-                cache = cache.grow(bucket_length(need))
+                cache = cache.grow(bucket_length(need, multiple=self.cache_multiple))
         stop = np.asarray(stop_tokens, np.int32)
         if stop.ndim <= 1:  # shared stop list -> one row per sequence
             stop = np.broadcast_to(stop.reshape(1, -1), (b, stop.size))
