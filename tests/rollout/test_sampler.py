@@ -191,3 +191,18 @@ def test_identical_prompts_are_prefilled_once_with_the_same_result(model):
     np.testing.assert_array_equal(np.asarray(a2.tokens), np.asarray(b2.tokens))
     np.testing.assert_allclose(np.asarray(a.model_logprobs), np.asarray(b.model_logprobs), atol=1e-5)
     np.testing.assert_array_equal(np.asarray(a.prompt_tokens), np.asarray(b.prompt_tokens))
+
+
+def test_cache_grows_to_a_multiple_with_the_same_tokens(model):
+    """``cache_multiple``: the cache grows to the next multiple (not power of two); the
+    continuation is the same."""
+    keys = jax.random.split(jax.random.key(5), 2)
+    sp = SamplingParams(max_new_tokens=8, temperature=0.0)
+    outs = []
+    for multiple in (None, 24):
+        s = Sampler(model, cache_multiple=multiple)
+        first = s([PROMPTS[0], PROMPTS[1]], key=keys, params=sp)
+        nxt = s([[3, 4, 5, 6, 7, 8, 9, 10, 11]] * 2, key=keys, cache=first.cache, params=sp)
+        outs.append(nxt)
+    assert outs[0].cache.size == 64 and outs[1].cache.size == 48
+    np.testing.assert_array_equal(np.asarray(outs[0].tokens), np.asarray(outs[1].tokens))
