@@ -134,7 +134,8 @@ from bench_update import _batch, model_config
 from bench_scaling import SHAPES_1_5B
 from ragen_jax.models import KVCache, Qwen2ForCausalLM, QwenConfig
 from ragen_jax.models.qwen import param_shardings
-from ragen_jax.rollout.sampler import SamplingParams, _generate
+from ragen_jax.rollout.sampler import SamplingParams
+from ragen_jax.rollout.sampler import _generate_in_place as _generate
 from ragen_jax.sharding import batch_sharding, make_mesh
 from ragen_jax.starpo.update import UpdateConfig, make_optimizer, make_train_step
 from jax.sharding import NamedSharding, PartitionSpec as P

@@ -25,7 +25,6 @@ For greedy decoding (temperature 0) both are the temperature-1 ``log_softmax(log
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Sequence
 
 import flax.struct
@@ -160,7 +159,6 @@ def sample_token(logits, key, sp: SamplingParams):
     return tok.astype(jnp.int32), pick(samp_lp), pick(model_lp)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "sp", "pad_id"), donate_argnames=("cache",))
 def _generate(graphdef, state, cache, tokens, mask, stop, budget, active, key, expand=None, *,
               sp, pad_id):
     """Prefill ``tokens[B, P]`` into ``cache``, then decode up to ``sp.max_new_tokens``.
@@ -215,6 +213,12 @@ def _generate(graphdef, state, cache, tokens, mask, stop, budget, active, key, e
     return SampleOutput(tokens=out_tok, mask=out_mask, logprobs=out_lp, model_logprobs=out_mlp,
                         lengths=lengths, steps=step, prompt_tokens=tokens, prompt_mask=mask,
                         cache=cache)
+
+
+_generate_in_place = jax.jit(_generate, static_argnames=("graphdef", "sp", "pad_id"),
+                             donate_argnames=("cache",))
+# With ``expand`` the output cache has more rows than the input: nothing to donate.
+_generate_expanded = jax.jit(_generate, static_argnames=("graphdef", "sp", "pad_id"))
 
 
 class Sampler:
@@ -306,7 +310,8 @@ class Sampler:
         act = np.ones((b,), bool) if active is None else np.asarray(active, bool)
         if expand is None and np.any(act & ~valid.any(axis=1)):
             raise ValueError("every active sequence needs at least one real prompt token")
-        return _generate(self.graphdef, self.state, cache, jnp.asarray(tokens), jnp.asarray(valid),
+        run = _generate_in_place if expand is None else _generate_expanded
+        return run(self.graphdef, self.state, cache, jnp.asarray(tokens), jnp.asarray(valid),
                          jnp.asarray(stop), jnp.asarray(budget), jnp.asarray(act), key,
                          None if expand is None else jnp.asarray(expand),
                          sp=params, pad_id=self.pad_id)
