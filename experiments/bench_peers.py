@@ -64,12 +64,12 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results" / "bench_peers.md"
 TUNIX_PYTHON = ROOT / ".venv-tunix" / "bin" / "python"
 AGENTIC_NOTE = (
-    "not run: Tunix 0.1.7's multi-turn path (`tunix.rl.agentic`: `TrajectoryCollectEngine`, "
-    "`RolloutOrchestrator`) is asyncio code that calls a model one conversation at a time "
-    "through a chat `model_call` (in its learner, `RLCluster.generate` on a rollout engine); "
-    "with the plain `Sampler` on CPU each turn re-encodes the whole chat (no KV cache across "
-    "turns) at batch 1, and wrapping our jitted Sokoban as its `BaseTaskEnv` needs ragen_jax "
-    "and gymnax inside Tunix's venv. Not built in this round")
+    "not measured. Nothing in it needs an accelerator: Tunix 0.1.7's multi-turn path "
+    "(`tunix.rl.agentic`: `TrajectoryCollectEngine` / `RolloutOrchestrator`, asyncio) calls a "
+    "chat `model_call` one conversation at a time, which on CPU would be the plain `Sampler` at "
+    "batch 1 re-encoding the whole chat every turn (no KV cache across turns). Not built: "
+    "wrapping our jitted Sokoban as its `BaseTaskEnv` needs ragen_jax and gymnax inside "
+    "Tunix's venv, plus a `model_call` returning its `RolloutOutput`, beyond this round's time")
 
 
 # ----------------------------------------------------------------------------------------------
