@@ -1,4 +1,4 @@
-"""Side by side with Google's Tunix (the JAX peer): logits, greedy sampling, the GRPO train step.
+"""Side by side with Google's Tunix (the JAX peer): logits, sampling, GRPO train step, multi-turn rollout.
 
 The same Qwen2 checkpoint folder (``config.json`` + ``model.safetensors``, written by our
 ``save_pretrained`` from a random model) is loaded by Tunix
@@ -19,14 +19,19 @@ then, in float32 on the CPU:
    ``starpo.update.make_train_step``. Peak memory: ``jax.devices()[0].memory_stats()`` is None
    on the CPU backend, so the column is XLA's compiled memory analysis of the step
    (arguments + outputs + temporaries - aliased, i.e. what the step needs live at its peak);
-3. Tunix's agentic multi-turn rollout: stated in the table (see ``AGENTIC_NOTE``), not run.
+3. a multi-turn Sokoban rollout (``--groups x --group-size`` episodes, ``--turns`` turns,
+   ``--response-length`` tokens a turn, tiny shape, greedy): ours (``AgentRollout.collect``)
+   against Tunix's agentic loop (``TrajectoryCollectEngine.collect_multiple`` with its
+   ``ModelAgent``, our jitted Sokoban wrapped as its ``BaseTaskEnv``, Tunix's ``Sampler`` as
+   the ``model_call``): it runs on CPU; ``ROLLOUT_NOTE`` says what each side does.
 
 Two processes, arrays exchanged through ``.npz`` files: this script runs our side in the
 Python that starts it and re-runs itself with ``--worker`` under Tunix's own interpreter
 (``--tunix-python``). Why not one process: Tunix 0.1.7 pins an older ``transformers`` than
 ours, so the two packages' dependency sets cannot share a venv without one of them running on
-versions it was not tested with; the worker imports nothing of ragen_jax (only numpy, jax and
-tunix), and each framework's timings are taken alone in its process, one after the other, so
+versions it was not tested with; for parts 0-2 the worker imports nothing of ragen_jax (only
+numpy, jax and tunix; part 3 imports our env, prompt and parser there, on ``PYTHONPATH``), and
+each framework's timings are taken alone in its process, one after the other, so
 they never compete for the cores. The checkpoint folder, the prompts and the training batch
 are written once by the driver, so both read identical inputs.
 
@@ -34,6 +39,9 @@ Tunix's venv (once; PyPI only; ~1.5 GB):
 
     python3 -m venv .venv-tunix
     .venv-tunix/bin/pip install google-tunix==0.1.7     # brings jax 0.10.2, flax 0.12.8
+    # part 3 only (our Sokoban inside Tunix's process; --no-deps keeps Tunix's jax and flax):
+    .venv-tunix/bin/pip install --no-deps gymnax==1.0.1 chex==0.1.92 toolz gymnasium==1.3.0 \
+        farama-notifications && .venv-tunix/bin/pip install matplotlib seaborn
 
 Run (our side from our own venv, with ``pip install -e .`` or ``PYTHONPATH=.``):
 
@@ -64,13 +72,20 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results" / "bench_peers.md"
 TUNIX_PYTHON = ROOT / ".venv-tunix" / "bin" / "python"
 AGENTIC_NOTE = (
-    "not measured. Nothing in it needs an accelerator: Tunix 0.1.7's multi-turn path "
-    "(`tunix.rl.agentic`: `TrajectoryCollectEngine` / `RolloutOrchestrator`, asyncio) calls a "
-    "chat `model_call` one conversation at a time, which on CPU would be the plain `Sampler` at "
-    "batch 1 re-encoding the whole chat every turn (no KV cache across turns). Not built: "
-    "wrapping our jitted Sokoban as its `BaseTaskEnv` needs ragen_jax and gymnax inside "
-    "Tunix's venv, plus a `model_call` returning its `RolloutOutput`, beyond this round's time")
+    "Tunix's agentic loop needs nothing but the CPU; this run needs ragen_jax's env, prompt and "
+    "parser importable in Tunix's venv (gymnax and its dependencies: see this script's "
+    "docstring)")
 
+ROLLOUT_NOTE = (
+    "Same env (our jitted Sokoban, same seeds and levels), RAGEN's prompt and parser "
+    "(ragen_jax's), the same weights. Tunix: its `TrajectoryCollectEngine.collect_multiple` "
+    "with `ModelAgent`, our env wrapped as its `BaseTaskEnv`, and a `model_call` that applies "
+    "the chat template to the whole conversation and runs Tunix's `Sampler` on it (batch 1 per "
+    "episode-turn on asyncio's worker threads, the history re-encoded every turn into a cache of its power-of-two prompt bucket plus the response: on CPU, "
+    "without vLLM or SGLang, that is the rollout engine it has). Ours: one batched sampler call "
+    "per turn with the KV cache kept across turns. Random weights: answers are format errors, "
+    "so the episodes play every turn (ours stops a row at its stop token, Tunix's at "
+    "`<|im_end|>` too), a fixed worst-case load. Timed: the second run (the first compiles).")
 
 # ----------------------------------------------------------------------------------------------
 # shared helpers (both processes: numpy and jax only)
@@ -220,6 +235,116 @@ def tunix_train(model, batch: dict, spec: dict) -> dict:
             "loss": first_loss}
 
 
+def tunix_rollout(folder: Path, spec: dict) -> dict:
+    """5-turn Sokoban through Tunix's agentic loop (``TrajectoryCollectEngine.collect_multiple``:
+    one asyncio task per episode, each turn a batch-1 ``model_call`` on a worker thread), our
+    jitted Sokoban wrapped as its ``BaseTaskEnv``, RAGEN's prompt and parser from ragen_jax
+    (needs ragen_jax and gymnax importable here), Tunix's ``Sampler`` as the model, greedy."""
+    import asyncio
+    import threading
+
+    import jax
+    import jax.numpy as jnp
+    from tunix.generate import sampler as sampler_lib
+    from tunix.models.qwen2 import params as qwen2_params
+    from tunix.rl.agentic.agents.model_agent import ModelAgent
+    from tunix.rl.agentic.environments.base_environment import BaseTaskEnv, EnvStepResult
+    from tunix.rl.agentic.trajectory.trajectory_collect_engine import TrajectoryCollectEngine
+    from tunix.rl.rollout.base_rollout import RolloutOutput
+
+    from ragen_jax.envs import make
+    from ragen_jax.models import tokenizer as tokenizers
+    from ragen_jax.rollout.agent import RolloutConfig, train_seeds
+    from ragen_jax.rollout.context import parse_response, system_message, user_message
+    from ragen_jax.rollout.env_driver import env_functions
+
+    r = spec["rollout"]
+    cfg = RolloutConfig(env_groups=r["groups"], group_size=r["group_size"], max_turn=r["turns"],
+                        response_length=r["response_length"], temperature=0.0)
+    ctx = cfg.context
+    tok = tokenizers.load(None)
+    env, params = make("sokoban")
+    reset_fn, step_fn = env_functions(env)
+    tcfg = tunix_config(folder)
+    model = qwen2_params.create_model_from_safe_tensors(str(folder), tcfg, dtype=jnp.float32)
+    samplers, lock = {}, threading.Lock()
+
+    def sampler_for(prompt_length: int):
+        """A Sampler whose cache is the prompt's power-of-two bucket plus the response (its
+        cache size is fixed when built): the tightest cache Tunix allows each call."""
+        bucket = 1 << max(prompt_length - 1, 1).bit_length()
+        with lock:
+            if bucket not in samplers:
+                cache = sampler_lib.CacheConfig(
+                    cache_size=bucket + cfg.response_length, num_layers=tcfg.num_layers,
+                    num_kv_heads=tcfg.num_kv_heads, head_dim=tcfg.head_dim)
+                samplers[bucket] = sampler_lib.Sampler(model, IdsTokenizer(), cache)
+            return samplers[bucket], bucket
+    stop = [tok.convert_tokens_to_ids("<|im_end|>")]
+
+    class SokobanTaskEnv(BaseTaskEnv):
+        def __init__(self, seed: int):
+            super().__init__(max_steps=cfg.max_turn)
+            self.seed, self.actions, self.state = seed, 0, None
+
+        def _observation(self, reward=None) -> str:
+            host = jax.tree.map(lambda x: np.asarray(x)[0], self.state)
+            return user_message(ctx, turn=self.step_count + 1, state=env.render_text(host),
+                                actions_left=cfg.max_actions_per_traj - self.actions,
+                                prev_reward=reward)
+
+        def _initial_observation(self):
+            _, self.state = reset_fn(jax.random.key(self.seed)[None], params)
+            self.actions = 0
+            return self._observation()
+
+        def _step_impl(self, action) -> EnvStepResult:
+            parsed = parse_response(ctx.answer_prefix + str(action), env.action_names, ctx)
+            ids = np.zeros((1, cfg.max_actions_per_turn), np.int32)
+            n = len(parsed.action_ids)
+            ids[0, :n] = parsed.action_ids
+            self.state, reward, n_exec, _, term, _, success = step_fn(
+                self.state, params, jnp.asarray(ids), jnp.asarray([n], jnp.int32),
+                jax.random.key(self.seed)[None])
+            self.actions += int(n_exec[0])
+            reward = float(reward[0]) - (0.1 if parsed.format_error else 0.0)
+            return EnvStepResult(self._observation(reward), reward, bool(term[0]),
+                                 {"success": bool(success[0])})
+
+    sampled = []
+
+    def model_call(messages, _env, max_generation_steps=None, **_):
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                      return_dict=False)
+        sampler, bucket = sampler_for(len(ids))
+        out = sampler([" ".join(map(str, ids))], max_generation_steps=cfg.response_length,
+                      max_prompt_length=bucket, eos_tokens=stop, temperature=0.0)
+        new = np.asarray(out.tokens[0])
+        sampled.append(len(new))
+        return RolloutOutput(text=[tok.decode(new.tolist(), skip_special_tokens=True)],
+                             logits=[], tokens=[new], left_padded_prompt_tokens=np.asarray([ids]),
+                             logprobs=None)
+
+    seeds = np.repeat(train_seeds(cfg, 0), cfg.group_size)
+    names = tuple(env.action_names)
+
+    async def collect():
+        pairs = [(ModelAgent(system_message(env, names, ctx)), SokobanTaskEnv(int(s)))
+                 for s in seeds]
+        return [t async for _, t in TrajectoryCollectEngine.collect_multiple(
+            pairs, model_call=model_call, timeout=3600.0, overlong_filter=False)]
+
+    t0 = time.perf_counter()
+    asyncio.run(collect())  # compiles every prompt bucket
+    first = time.perf_counter() - t0
+    sampled.clear()
+    t0 = time.perf_counter()
+    trajectories = asyncio.run(collect())
+    wall = time.perf_counter() - t0
+    return {"wall_s": wall, "first_s": first, "episodes": len(trajectories),
+            "sampled": int(sum(sampled)), "turns": len(sampled) / max(len(trajectories), 1)}
+
+
 def tunix_worker(spec_path: Path) -> None:
     import jax
     import jax.numpy as jnp
@@ -254,6 +379,12 @@ def tunix_worker(spec_path: Path) -> None:
         except Exception as e:  # report, do not hide
             results[f"{size}/train"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         print(f"tunix {size} train: {results[f'{size}/train']}", flush=True)
+    if spec.get("rollout"):
+        try:
+            results["rollout"] = tunix_rollout(work / "tiny", spec)
+        except Exception as e:  # report, do not hide
+            results["rollout"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        print(f"tunix rollout: {results['rollout']}", flush=True)
     np.savez(work / "tunix_arrays.npz", **arrays)
     (work / "tunix_results.json").write_text(json.dumps(results, indent=1))
 
@@ -355,6 +486,35 @@ def our_train(model, inputs: dict, args) -> dict:
             "mem_source": source, "loss": first_loss}
 
 
+def our_rollout(model, args) -> dict:
+    """The same 5-turn Sokoban episodes through ``AgentRollout.collect`` (every episode a row
+    of one batched sampler call per turn, the KV cache kept across turns), greedy."""
+    import jax
+
+    from ragen_jax.envs import make
+    from ragen_jax.models import tokenizer as tokenizers
+    from ragen_jax.rollout import Sampler
+    from ragen_jax.rollout.agent import AgentRollout, RolloutConfig, train_seeds
+
+    cfg = RolloutConfig(env_groups=args.groups, group_size=args.group_size, max_turn=args.turns,
+                        response_length=args.response_length, temperature=0.0)
+    tok = tokenizers.load(None)
+    env, params = make("sokoban")
+    rollout = AgentRollout(env, params, tok, cfg)
+    sampler = Sampler(model, pad_id=tok.pad_token_id)
+    seeds = train_seeds(cfg, 0)
+    t0 = time.perf_counter()
+    rollout.collect(sampler, seeds, jax.random.key(0))  # compiles
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    batch = rollout.collect(sampler, seeds, jax.random.key(0))
+    wall = time.perf_counter() - t0
+    n = len(batch.trajectories)
+    return {"wall_s": wall, "first_s": first, "episodes": n,
+            "sampled": int(np.asarray(batch.loss_mask).sum()),
+            "turns": float(np.mean(batch.num_turns))}
+
+
 def matmul_peak(n: int = 2048, repeats: int = 5) -> float:
     """float32 GFLOP/s of a jitted ``n^3`` matmul (best of ``repeats``): the CPU's roofline."""
     import jax
@@ -368,9 +528,14 @@ def matmul_peak(n: int = 2048, repeats: int = 5) -> float:
 
 def run_tunix(work: Path, args) -> tuple[dict, dict]:
     spec = {"sizes": args.size_list, "batches": args.batch_list, "new": args.new,
-            "repeats": args.repeats, "lr": args.lr}
+            "repeats": args.repeats, "lr": args.lr, "rollout": None}
+    if args.rollout:
+        spec["rollout"] = {"groups": args.groups, "group_size": args.group_size,
+                           "turns": args.turns, "response_length": args.response_length}
     (work / "spec.json").write_text(json.dumps(spec))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    if args.rollout:  # only the rollout imports ragen_jax (its env, prompt and parser)
+        env.update(PYTHONPATH=str(ROOT), MPLCONFIGDIR=tempfile.mkdtemp(prefix="mpl_"))
     cmd = [str(args.tunix_python), str(Path(__file__).resolve()), "--worker",
            str(work / "spec.json")]
     proc = subprocess.run(cmd, env=env, cwd=str(work), timeout=args.tunix_timeout)
@@ -394,6 +559,12 @@ def parse(argv=None):
     ap.add_argument("--train-completion", type=int, default=128)
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--repeats", type=int, default=2, help="timed warm calls (best taken)")
+    ap.add_argument("--no-rollout", dest="rollout", action="store_false",
+                    help="skip the multi-turn Sokoban rollout (part 3)")
+    ap.add_argument("--groups", type=int, default=4, help="rollout: env groups")
+    ap.add_argument("--group-size", type=int, default=4, help="rollout: episodes per group")
+    ap.add_argument("--turns", type=int, default=5)
+    ap.add_argument("--response-length", type=int, default=64, help="rollout: tokens per turn")
     ap.add_argument("--tunix-python", default=str(TUNIX_PYTHON))
     ap.add_argument("--tunix-timeout", type=int, default=3600)
     ap.add_argument("--out", default=str(RESULTS))
@@ -402,7 +573,9 @@ def parse(argv=None):
     if args.quick:
         args.sizes, args.batches, args.prompt, args.new = "tiny", "1,8", 64, 16
         args.train_completion, args.repeats = 32, 1
+        args.groups, args.group_size, args.turns, args.response_length = 2, 2, 2, 16
     args.size_list = args.sizes.split(",")
+    args.rollout = args.rollout and "tiny" in args.size_list
     batches = [int(b) for b in args.batches.split(",")]
     big = [int(b) for b in args.big_batches.split(",")] if args.big_batches else batches
     args.batch_list = {s: batches if s == "tiny" else big for s in args.size_list}
@@ -433,7 +606,10 @@ def main() -> None:
             ours[f"{size}/sample/{b}"] = our_sampling(model, inputs[f"prompts_{b}"], args.new,
                                                       args.repeats)
             print(f"ours {size} B={b}: {ours[f'{size}/sample/{b}'][0]:.2f} s warm", flush=True)
-        ours[f"{size}/train"] = our_train(model, inputs, args)
+        if size == "tiny" and args.rollout:
+            ours["rollout"] = our_rollout(model, args)
+            print(f"ours rollout: {ours['rollout']}", flush=True)
+        ours[f"{size}/train"] = our_train(model, inputs, args)  # donates the weights: last
         print(f"ours {size} train: {ours[f'{size}/train']}", flush=True)
         del model
     peak = matmul_peak()
@@ -507,13 +683,7 @@ def report(args, ours: dict, theirs: dict, tunix_arrays: dict, peak: float, jax_
             f"{o['compile_s']:.1f} / {t['compile_s']:.1f} |")
     lines += [
         "",
-        "## Multi-turn Sokoban rollout (5 turns)",
-        "",
-        "| framework | result |",
-        "|---|---|",
-        "| ours | `python experiments/bench_rollout.py` (KV cache kept across turns) |",
-        f"| Tunix | {AGENTIC_NOTE} |",
-        "",
+        *rollout_lines(args, ours, theirs),
         "Tokens/s count generated tokens over a whole warm call (prefill included). The train "
         "step runs Tunix's `grpo_loss_fn` (full `[B, L, V]` logits) under an `nnx.Optimizer` "
         "as its `PeftTrainer` steps it; ours `make_train_step` (log-probs from hidden states in "
@@ -522,6 +692,25 @@ def report(args, ours: dict, theirs: dict, tunix_arrays: dict, peak: float, jax_
         "",
     ]
     return "\n".join(lines)
+
+
+def rollout_lines(args, ours: dict, theirs: dict) -> list[str]:
+    """Part 3's table: our rollout against Tunix's agentic loop, or why Tunix's did not run."""
+    head = [f"## Multi-turn Sokoban rollout: {args.groups} groups x {args.group_size}, "
+            f"{args.turns} turns, {args.response_length} new tokens a turn, tiny, greedy", ""]
+    t = theirs.get("rollout")
+    if not args.rollout or not t or "error" in t:
+        why = t["error"] if t and "error" in t else "not run (--no-rollout or no tiny shape)"
+        return head + [f"Tunix: {why}. {AGENTIC_NOTE}", ""]
+    o = ours["rollout"]
+    rows = ["| framework | episodes | turns/episode | sampled tokens | wall s | episodes/s | "
+            "sampled tok/s | first run s |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, r in (("ours (`AgentRollout`)", o), ("Tunix (`TrajectoryCollectEngine`)", t)):
+        rows.append(f"| {name} | {r['episodes']} | {r['turns']:.1f} | {r['sampled']} | "
+                    f"{r['wall_s']:.2f} | {r['episodes'] / r['wall_s']:.2f} | "
+                    f"{r['sampled'] / r['wall_s']:.0f} | {r['first_s']:.1f} |")
+    ratio = (o["episodes"] / o["wall_s"]) / (t["episodes"] / t["wall_s"])
+    return head + rows + ["", f"Episodes/s, ours / Tunix: {ratio:.2f}x. {ROLLOUT_NOTE}", ""]
 
 
 if __name__ == "__main__":
