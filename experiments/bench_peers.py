@@ -625,7 +625,7 @@ def report(args, ours: dict, theirs: dict, tunix_arrays: dict, peak: float, jax_
     from bench_sampler import work_gflop
 
     lines = [
-        "# Side by side with Tunix (JAX peer): logits, greedy sampling, GRPO train step",
+        "# Side by side with Tunix (JAX peer): logits, sampling, GRPO train step, multi-turn rollout",
         "",
         f"Same random Qwen2 checkpoint folder loaded by both, float32, CPU. Tunix "
         f"{theirs['versions'].get('tunix', '?')} in its own venv and process; ours jax "
