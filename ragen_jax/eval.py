@@ -57,7 +57,8 @@ def evaluate(config: ConfigDict, out: str | Path, *, checkpoint: str | None = No
     cfg = resolve(run).rollout
     tag, (env, env_params) = next(iter(build_envs(run).items()))
     rollout = AgentRollout(env, env_params, tok, cfg, tag=tag, eos_ids=stop_ids(run.model))
-    sampler = Sampler(compute_copy(model), pad_id=tok.pad_token_id or 0, bucket_multiple=cfg.pad_multiple)
+    sampler = Sampler(compute_copy(model), pad_id=tok.pad_token_id or 0, bucket_multiple=cfg.pad_multiple,
+                      cache_multiple=cfg.cache_multiple or None)
     t0 = time.perf_counter()
     batch = rollout.collect(sampler, val_seeds(cfg), jax.random.key(run.seed),
                             group_size=cfg.val_group_size, sampling=cfg.val_sampling())

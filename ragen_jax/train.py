@@ -87,7 +87,8 @@ class Trainer:
         self.local_mesh = dist.local_mesh(self.mesh)
         self.policy = dist.local_replica(compute_copy(self.actor), self.mesh, self.local_mesh)
         self.sampler = Sampler(self.policy, pad_id=self.tokenizer.pad_token_id or 0,
-                               bucket_multiple=run.rollout.pad_multiple)
+                               bucket_multiple=run.rollout.pad_multiple,
+                               cache_multiple=run.rollout.cache_multiple or None)
         self._init_state()
         self.monitor = CollapseMonitor(run.diagnostics, seed=run.seed,
                                        enable_think=run.rollout.enable_think)

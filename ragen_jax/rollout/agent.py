@@ -103,13 +103,14 @@ class RolloutConfig:
     val_group_size: int = 1  # validation group size (RAGEN: 1)
     val_temperature: float = 0.5  # validation sampling temperature (RAGEN: 0.5)
     pad_multiple: int = 64  # batch length is rounded up to this (bounds recompiles)
+    cache_multiple: int = 0  # the sampler's KV cache grows to a multiple of this; 0 = powers of two
 
     def __post_init__(self):
         for name in ("env_groups", "group_size", "max_turn", "max_actions_per_traj",
                      "max_actions_per_turn", "response_length", "max_model_len", "val_groups",
                      "val_group_size", "pad_multiple"):
             self._require(name, getattr(self, name) >= 1, ">= 1")
-        for name in ("temperature", "val_temperature", "top_k", "max_tokens_hint"):
+        for name in ("temperature", "val_temperature", "top_k", "max_tokens_hint", "cache_multiple"):
             self._require(name, getattr(self, name) >= 0, ">= 0")
         self._require("top_p", 0 < self.top_p <= 1, "in (0, 1]")
 
