@@ -171,8 +171,9 @@ def train_sft(model: Any, data: dict[str, np.ndarray], *, steps: int, batch_size
     table = None
     if groups is not None and share_prefix:  # rows: what follows their group's prompt
         lengths = group_prefix_lengths(data["input_ids"], data["loss_mask"], groups)
-        table = prefix_table(data["input_ids"], lengths, groups, pad_multiple=16)
-        data = after_prefix(data, lengths[groups], pad_multiple=16)
+        suffix = data["attention_mask"].sum(1) - lengths[groups]
+        table = prefix_table(data["input_ids"], lengths, groups, int(lengths.max()))
+        data = after_prefix(data, lengths[groups], int(suffix.max()))
     # Trim the common padding so the step compiles for the data's real width only.
     width = int(data["attention_mask"].any(0).nonzero()[0].max()) + 1
     losses = []

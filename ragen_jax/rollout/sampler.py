@@ -286,13 +286,13 @@ class Sampler:
                                     min_bucket=self.min_bucket, multiple=self.bucket_multiple)
         b, p = tokens.shape
         n = params.max_new_tokens
+        act = np.ones((b,), bool) if active is None else np.asarray(active, bool)
+        if np.any(act & ~valid.any(axis=1)):
+            raise ValueError("every active sequence needs at least one real prompt token")
         expand = None
         if cache is None:
             if self.share_prompts:
-                tokens, valid, expand = distinct_rows(tokens, valid)  # valid: of the kept rows
-                if expand is not None and np.any(~valid.any(axis=1)[expand] & (
-                        np.ones((b,), bool) if active is None else np.asarray(active, bool))):
-                    raise ValueError("every active sequence needs at least one real prompt token")
+                tokens, valid, expand = distinct_rows(tokens, valid)
             cache = KVCache.init(self.config, tokens.shape[0], p + n, stacked=False)
         else:
             if cache.batch != b:
@@ -307,9 +307,6 @@ class Sampler:
             stop = np.full((b, 1), -1, np.int32)  # -1 never matches a token
         budget = np.full((b,), n, np.int32) if max_new is None else np.minimum(
             np.asarray(max_new, np.int32), n)
-        act = np.ones((b,), bool) if active is None else np.asarray(active, bool)
-        if expand is None and np.any(act & ~valid.any(axis=1)):
-            raise ValueError("every active sequence needs at least one real prompt token")
         run = _generate_in_place if expand is None else _generate_expanded
         return run(self.graphdef, self.state, cache, jnp.asarray(tokens), jnp.asarray(valid),
                          jnp.asarray(stop), jnp.asarray(budget), jnp.asarray(act), key,

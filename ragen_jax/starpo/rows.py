@@ -16,6 +16,7 @@ from jax.sharding import Mesh
 
 from ragen_jax import distributed as dist
 from ragen_jax.rollout.agent import RolloutBatch
+from ragen_jax.rollout.sampler import bucket_length
 from ragen_jax.starpo.step import StepBatch
 from ragen_jax.starpo.update import Prefixes
 
@@ -95,9 +96,18 @@ def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
     prefixes = None
     if share_prefixes:
         lengths = group_prefix_lengths(batch.input_ids, batch.loss_mask, batch.group_ids)
-        table = prefix_table(batch.input_ids, lengths, batch.group_ids, pad_multiple)
-        tokens = after_prefix(tokens, lengths[batch.group_ids[rows]], pad_multiple)
-        prefixes = Prefixes(*(dist.replicated(t, mesh) for t in table))
+        row_lengths = lengths[batch.group_ids[rows]]
+        suffix = tokens["attention_mask"].sum(1) - row_lengths
+
+        def global_width(n: np.ndarray) -> int:  # every process's longest, rounded up
+            return bucket_length(int(dist.allgather(np.int64(n.max())).max()), pad_multiple,
+                                 pad_multiple)
+
+        table = prefix_table(batch.input_ids, lengths, batch.group_ids, global_width(lengths))
+        tokens = after_prefix(tokens, row_lengths, global_width(suffix))
+        # Row = global group id: every process's table, in process order.
+        prefixes = Prefixes(*(dist.replicated(dist.allgather(t).reshape(-1, t.shape[1]), mesh)
+                              for t in table))
     local = StepBatch(
         **tokens, scores=batch.scores[rows], group_ids=group_ids.astype(np.int32),
         bucket_ids=np.asarray(group_buckets, np.int32)[group_ids],
@@ -125,27 +135,20 @@ def group_prefix_lengths(input_ids: np.ndarray, loss_mask: np.ndarray,
 
 
 def prefix_table(input_ids: np.ndarray, lengths: np.ndarray, group_ids: np.ndarray,
-                 pad_multiple: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every process's group prefixes as one table (``input_ids``, ``attention_mask``
-    ``[G_global, P]``; row = global group id), ``P`` rounded up to ``pad_multiple``."""
-    width = int(dist.allgather(np.int64(lengths.max())).max())
-    width = max(-(-width // pad_multiple) * pad_multiple, pad_multiple)
+                 width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each group's prefix (``lengths [G]`` tokens of its rows) as a table: ``input_ids``,
+    ``attention_mask`` ``[G, width]``, real tokens first."""
     ids = np.zeros((lengths.size, width), np.int32)
     for g, n in enumerate(lengths):
         if n:
             ids[g, :n] = input_ids[np.argmax(group_ids == g), :n]
-    mask = np.arange(width)[None, :] < lengths[:, None]
-    gather = lambda x: dist.allgather(x).reshape(-1, width)  # noqa: E731
-    return gather(ids), gather(mask)
+    return ids, np.arange(width)[None, :] < lengths[:, None]
 
 
 def after_prefix(tokens: dict[str, np.ndarray], lengths: np.ndarray,
-                 pad_multiple: int) -> dict[str, np.ndarray]:
+                 width: int) -> dict[str, np.ndarray]:
     """The ``[B, L]`` arrays ``tokens`` shifted left by each row's prefix length
-    ``lengths [B]`` (what follows the prefix, from slot 0), cut to the global width."""
-    real = tokens["attention_mask"].sum(1) - lengths
-    width = int(dist.allgather(np.int64(real.max())).max())
-    width = max(-(-width // pad_multiple) * pad_multiple, pad_multiple)
+    ``lengths [B]`` (what follows the prefix, from slot 0), ``width`` slots wide."""
     index = lengths[:, None] + np.arange(width)[None, :]  # [B, W]
     out = {}
     for name, x in tokens.items():

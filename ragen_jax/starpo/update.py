@@ -36,7 +36,13 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
-from ragen_jax.models.qwen import Qwen2ForCausalLM, Qwen2ForValue, SharedPrefix, param_shardings
+from ragen_jax.models.qwen import (
+    Qwen2ForCausalLM,
+    Qwen2ForValue,
+    SharedPrefix,
+    param_shardings,
+    positions_from_mask,
+)
 from ragen_jax.sharding import batch_sharding
 from ragen_jax.starpo import losses
 from ragen_jax.starpo.token_scores import token_logprobs
@@ -129,7 +135,7 @@ class Prefixes:
 
     def run(self, model: Qwen2ForCausalLM | Qwen2ForValue) -> SharedPrefix:
         """The prefixes' keys, values and last hidden states under ``model``."""
-        positions = jnp.maximum(jnp.cumsum(self.attention_mask, axis=1) - 1, 0)
+        positions = positions_from_mask(self.attention_mask)
         return model.model.prefix(self.input_ids, positions, self.attention_mask)
 
 
