@@ -128,15 +128,42 @@ def rloo(scores: jax.Array, group_ids: jax.Array, num_groups: int) -> jax.Array:
     return jnp.where(count > 1, (scores - mean) * count / jnp.maximum(count - 1.0, 1.0), scores)
 
 
-def brpo(scores: jax.Array, eps: float = 1e-6) -> jax.Array:
-    """Batch-normalised scores (RAGEN V1 "BRPO"): ``(s - batch mean) / (batch std + eps)``."""
+def reinforce_plus_plus(rewards: jax.Array, mask: jax.Array, gamma: float = 1.0
+                        ) -> tuple[jax.Array, jax.Array]:
+    """REINFORCE++ (veRL ``compute_reinforce_plus_plus_outcome_advantage``): each generated
+    token's discounted return ``G_t = r_t + gamma * G_next`` of the token rewards, then
+    whitened over the batch's generated tokens. Returns ``(advantages, returns)`` [B, T].
+
+    Masked positions (prompt, observations, padding) are skipped as in ``gae``: the running
+    return carries across them unchanged (and undiscounted), so an earlier turn's tokens see
+    the score placed on the last turn. veRL resets the running return at every masked
+    position, which is the same on its single-turn layout (response, then padding) but would
+    give earlier turns of a multi-turn row a return of 0.
+    """
+    mask = mask.astype(jnp.float32)
+
+    def back(running, xs):
+        r, m = xs
+        g = r + gamma * running
+        return g * m + running * (1 - m), g
+
+    zeros = jnp.zeros(rewards.shape[0], jnp.float32)
+    _, returns = jax.lax.scan(back, zeros, (rewards.T.astype(jnp.float32), mask.T), reverse=True)
+    returns = returns.T * mask
+    return masked_whiten(returns, mask), returns
+
+
+def reinforce_plus_plus_baseline(scores: jax.Array, group_ids: jax.Array, num_groups: int,
+                                 mask: jax.Array) -> jax.Array:
+    """REINFORCE++-baseline (veRL ``compute_reinforce_plus_plus_baseline_outcome_advantage``):
+    ``s - group mean`` (a group of one keeps its raw score), broadcast on the generated
+    tokens, then whitened over the batch's generated tokens (so longer rows weigh more in the
+    mean and std, as in veRL). veRL returns the same array as advantages and returns.  # [B, T]"""
     scores = scores.astype(jnp.float32)
-    return (scores - scores.mean()) / (jnp.std(scores, ddof=1) + eps)
-
-
-def arpo(scores: jax.Array) -> jax.Array:
-    """Raw scores as advantages (RAGEN V1 "ARPO")."""
-    return scores.astype(jnp.float32)
+    count, mean, _ = _group_stats(scores, group_ids, num_groups)
+    centred = scores - jnp.where(count < 2, 0.0, mean)
+    mask = mask.astype(jnp.float32)
+    return masked_whiten(broadcast(centred, mask), mask)
 
 
 def broadcast(advantage: jax.Array, mask: jax.Array) -> jax.Array:

@@ -63,6 +63,18 @@ def _per_trajectory(fn: Callable[[AdvantageSettings, AdvantageInputs], jax.Array
     return estimator
 
 
+def _reinforce_plus_plus(s: AdvantageSettings, x: AdvantageInputs, values: jax.Array | None):
+    del values
+    return adv_lib.reinforce_plus_plus(x.token_rewards, x.loss_mask, s.gamma)
+
+
+def _reinforce_plus_plus_baseline(s: AdvantageSettings, x: AdvantageInputs,
+                                  values: jax.Array | None):
+    del values
+    adv = adv_lib.reinforce_plus_plus_baseline(x.scores, x.group_ids, s.num_groups, x.loss_mask)
+    return adv, adv
+
+
 ESTIMATORS: dict[str, Estimator] = {
     "gae": _gae,
     "grpo": _per_trajectory(lambda s, x: adv_lib.grpo(x.scores, x.group_ids, s.num_groups,
@@ -70,8 +82,8 @@ ESTIMATORS: dict[str, Estimator] = {
     "drgrpo": _per_trajectory(lambda s, x: adv_lib.grpo(x.scores, x.group_ids, s.num_groups,
                                                         norm_by_std=False)),
     "rloo": _per_trajectory(lambda s, x: adv_lib.rloo(x.scores, x.group_ids, s.num_groups)),
-    "brpo": _per_trajectory(lambda s, x: adv_lib.brpo(x.scores)),
-    "arpo": _per_trajectory(lambda s, x: adv_lib.arpo(x.scores)),
+    "reinforce_plus_plus": _reinforce_plus_plus,
+    "reinforce_plus_plus_baseline": _reinforce_plus_plus_baseline,
 }
 NEEDS_CRITIC = frozenset({"gae"})
 
