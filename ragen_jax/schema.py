@@ -32,6 +32,7 @@ from ragen_jax.models.qwen import REMAT_POLICIES
 from ragen_jax.rollout.agent import RolloutConfig
 from ragen_jax.starpo.estimators import ESTIMATORS, NEEDS_CRITIC, AdvantageSettings
 from ragen_jax.starpo.filtering import FilterConfig
+from ragen_jax.starpo.normalization import GROUPINGS, METHODS, PRESETS
 from ragen_jax.starpo.step import StepSettings
 from ragen_jax.starpo.update import UpdateConfig
 
@@ -97,7 +98,7 @@ class EnvConfig:
 
 @frozen
 class AlgorithmConfig:
-    adv_estimator: str = "gae"  # gae (PPO, critic) | grpo | drgrpo | rloo | brpo | arpo (RAGEN: gae)
+    adv_estimator: str = "gae"  # gae (PPO, critic) | grpo | drgrpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline (RAGEN: gae)
     gamma: float = 1.0  # GAE discount (RAGEN: 1)
     lam: float = 1.0  # GAE lambda (RAGEN: 1)
     bi_level_gae: bool = False  # RAGEN's turn-then-token GAE (uses turn scores)
@@ -110,13 +111,34 @@ class AlgorithmConfig:
     entropy_coeff: float = 0.001  # entropy bonus (RAGEN: 0.001)
     kl_coef: float = 0.0  # KL-to-reference loss weight; > 0 adds the reference role (RAGEN: 0)
     kl_estimator: str = "k1"  # k1 | k3 | mse (RAGEN: kl = k1)
+    reward_norm_grouping: str = "state"  # trajectory-score normalisation within: state (env group) | batch | inductive (env tag) (RAGEN: state)
+    reward_norm_method: str = "identity"  # identity | mean | mean_std | asym_clip (mean_std clamped to [-1, 3]) (RAGEN: identity)
+    reward_norm_preset: str = ""  # RAGEN V1 names, setting both: GRPO (state mean_std) | BRPO (batch mean_std) | ARPO (identity); "" = the two fields
 
     def __post_init__(self):
         _choice("algorithm.adv_estimator", self.adv_estimator, tuple(ESTIMATORS))
+        _choice("algorithm.reward_norm_grouping", self.reward_norm_grouping, GROUPINGS)
+        _choice("algorithm.reward_norm_method", self.reward_norm_method, METHODS)
+        _choice("algorithm.reward_norm_preset", self.reward_norm_preset, ("", *PRESETS))
+        if self.reward_norm_preset:
+            fields = {f.name: f.default for f in dataclasses.fields(self)}
+            for name, wanted in zip(("reward_norm_grouping", "reward_norm_method"),
+                                    PRESETS[self.reward_norm_preset], strict=True):
+                if getattr(self, name) not in (fields[name], wanted):
+                    raise ConfigError(f"algorithm.{name}={getattr(self, name)!r} conflicts with "
+                                      f"algorithm.reward_norm_preset={self.reward_norm_preset} "
+                                      f"({name[12:]} {wanted})")
         if self.bi_level_gae and self.adv_estimator != "gae":
             raise ConfigError("algorithm.bi_level_gae needs algorithm.adv_estimator=gae")
         if self.kl_coef < 0 or self.entropy_coeff < 0:
             raise ConfigError("algorithm.kl_coef and algorithm.entropy_coeff must be >= 0")
+
+    @property
+    def reward_norm(self) -> tuple[str, str]:
+        """``(grouping, method)`` of the reward normalisation, the preset's if one is set."""
+        if self.reward_norm_preset:
+            return PRESETS[self.reward_norm_preset]
+        return self.reward_norm_grouping, self.reward_norm_method
 
 
 @frozen
@@ -404,6 +426,7 @@ class Resolved:
     step: StepSettings  # the update's settings: roles, optimizers, advantages
     output_dir: Path
     notes: tuple[str, ...]  # one line per derived value, for the start-of-run printout
+    reward_norm: tuple[str, str] = ("state", "identity")  # (grouping, method), starpo.normalization
 
 
 def resolve(run: RunConfig) -> Resolved:
@@ -413,6 +436,12 @@ def resolve(run: RunConfig) -> Resolved:
     if use_turn_scores != run.rollout.use_turn_scores:
         notes.append("rollout.use_turn_scores = True (algorithm.bi_level_gae places each "
                      "turn's score on its last token)")
+    grouping, method = a.reward_norm
+    if method != "identity" and use_turn_scores:
+        raise ConfigError(f"algorithm.reward_norm_method={method} normalises the trajectory score "
+                          "and needs rollout.use_turn_scores=False (and algorithm.bi_level_gae=False)")
+    notes.append(f"reward normalisation: {'none (identity)' if method == 'identity' else f'{method} within each {grouping} grouping'}"
+                 + (f" (preset {a.reward_norm_preset})" if a.reward_norm_preset else ""))
     loss_agg = a.loss_agg_mode
     if a.adv_estimator == "drgrpo" and loss_agg == "token-mean":
         loss_agg = "seq-mean-token-sum"
@@ -464,7 +493,8 @@ def resolve(run: RunConfig) -> Resolved:
                         mini_batch_size=mini, epochs=act.ppo_epochs,
                         recompute_logprobs=act.recompute_logprobs,
                         gradient_buckets=run.diagnostics.gradient_buckets)
-    return Resolved(run=run, rollout=rollout, step=step, output_dir=out, notes=tuple(notes))
+    return Resolved(run=run, rollout=rollout, step=step, output_dir=out, notes=tuple(notes),
+                    reward_norm=(grouping, method))
 
 
 def describe(resolved: Resolved) -> str:

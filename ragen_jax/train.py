@@ -49,7 +49,8 @@ from ragen_jax.schema import (
 )
 from ragen_jax.sharding import make_mesh
 from ragen_jax.starpo import gradient_analysis
-from ragen_jax.starpo.filtering import filter_groups
+from ragen_jax.starpo.filtering import ENTROPY_METRICS, filter_groups, trajectory_entropies
+from ragen_jax.starpo.normalization import normalize_batch
 from ragen_jax.starpo.rows import build_step_batch
 from ragen_jax.starpo.step import make_update
 from ragen_jax.train_state import build_actor, build_state, load_tokenizer, stop_ids, trained
@@ -118,9 +119,23 @@ class Trainer:
         metrics = dist.mean_metrics(metrics, summed=ROLLOUT_COUNTS)
 
         scores = dist.allgather(batch.scores).reshape(groups, -1)  # every process's groups
+        entropies = None
+        if self.run.filter.metric in ENTROPY_METRICS:  # one forward pass of the policy
+            with _timed(timings, "filter_entropy"):
+                entropies = dist.allgather(trajectory_entropies(
+                    self.policy, batch.input_ids, batch.attention_mask, batch.position_ids,
+                    batch.loss_mask, self.plan.rollout.temperature,
+                    self.run.actor.ppo_mini_batch_size // self.run.actor.micro_batches))
+                entropies = entropies.reshape(groups, -1)
         keep, weights, filter_metrics = filter_groups(
-            scores, self.run.filter, dist.allgather(batch.loss_mask.sum(1)).reshape(groups, -1))
+            scores, self.run.filter, dist.allgather(batch.loss_mask.sum(1)).reshape(groups, -1),
+            entropies)
         metrics |= {k: float(v) for k, v in filter_metrics.items()}
+        # The filter saw the raw scores; the estimators see the normalised ones (RAGEN). One
+        # env tag per run today: every row's tag id is 0.
+        rows_here = slice(part.start * scores.shape[1], part.stop * scores.shape[1])
+        batch = normalize_batch(batch, scores, np.zeros(scores.size, np.int32), rows_here,
+                                *self.plan.reward_norm)
         analyse = diagnose and self.run.diagnostics.gradient_analysis
         buckets, bucket_std = np.zeros(groups, np.int32), None
         if analyse:

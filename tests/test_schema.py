@@ -151,3 +151,35 @@ def test_printed_config_of_a_folder_run_names_its_config_json(tmp_path):
     assert set(lines) - set(full) == {lines[lines.index("model:") + 1]}
     (tmp_path / "config.json").unlink()  # unreadable: the file is still named
     assert f"  architecture: from {tmp_path / 'config.json'}\n" in config_for_print(run)
+
+
+@pytest.mark.parametrize("section, field, value, message", [
+    ("algorithm", "reward_norm_grouping", "env", "algorithm.reward_norm_grouping must be one of"),
+    ("algorithm", "reward_norm_method", "zscore", "algorithm.reward_norm_method must be one of"),
+    ("algorithm", "reward_norm_preset", "grpo", "algorithm.reward_norm_preset must be one of"),
+    ("algorithm", "adv_estimator", "brpo", "algorithm.adv_estimator must be one of"),
+    ("filter", "metric", "perplexity", "filter.metric must be one of"),
+])
+def test_bad_normalisation_and_filter_values_name_the_field(section, field, value, message):
+    test_bad_values_name_the_field(section, field, value, message)
+
+
+def test_reward_norm_presets_resolve_and_conflicts_are_errors():
+    c = to_config_dict()
+    assert resolve(from_config_dict(c)).reward_norm == ("state", "identity")  # RAGEN's default
+    c.algorithm.reward_norm_preset = "BRPO"
+    plan = resolve(from_config_dict(c))
+    assert plan.reward_norm == ("batch", "mean_std") and "preset BRPO" in describe(plan)
+    c.algorithm.reward_norm_method = "mean_std"  # the preset's own value: fine
+    assert resolve(from_config_dict(c)).reward_norm == ("batch", "mean_std")
+    c.algorithm.reward_norm_method = "mean"
+    with pytest.raises(ConfigError, match=r"^algorithm\.reward_norm_method='mean' conflicts with "
+                                          r"algorithm\.reward_norm_preset=BRPO"):
+        from_config_dict(c)
+    c = to_config_dict()
+    c.algorithm.reward_norm_grouping, c.algorithm.reward_norm_method = "inductive", "asym_clip"
+    assert resolve(from_config_dict(c)).reward_norm == ("inductive", "asym_clip")
+    c.algorithm.bi_level_gae = True  # turn scores: the trajectory score is not one number
+    with pytest.raises(ConfigError, match=r"^algorithm\.reward_norm_method=asym_clip .* "
+                                          r"rollout\.use_turn_scores=False"):
+        resolve(from_config_dict(c))

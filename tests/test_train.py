@@ -232,6 +232,30 @@ def test_ppo_with_critic_lora_and_kl_runs(tmp_path):
     assert 0.0 <= metrics[1]["collapse/valid_thinking_rate"] <= 1.0  # logged with enable_think
 
 
+@pytest.mark.parametrize("estimator, extra", [
+    ("reinforce_plus_plus_baseline", ("--config.algorithm.reward_norm_preset=BRPO",
+                                      "--config.filter.metric=entropy_variance")),
+    ("reinforce_plus_plus", ("--config.algorithm.reward_norm_grouping=state",
+                             "--config.algorithm.reward_norm_method=asym_clip",
+                             "--config.filter.metric=entropy", "--config.filter.strategy=top_k",
+                             "--config.filter.value=0.5")),
+])
+def test_reward_normalisation_estimators_and_entropy_filter_run(tmp_path, estimator, extra):
+    summary = _run(micro_config(tmp_path, steps=2, estimator=estimator, extra=(
+        "--config.trainer.val_before_train=False", "--config.diagnostics.compute_freq=0", *extra)))
+    metrics = read_jsonl(tmp_path / "metrics.jsonl")
+    assert summary["step"] == 2
+    for step in (1, 2):
+        for key in ("actor/pg_loss", "rollout/in_group_entropy_mean", "rollout/in_group_entropy_std"):
+            assert np.isfinite(metrics[step][key]), key
+        assert metrics[step]["rollout/in_group_entropy_mean"] > 0
+        if "BRPO" in extra[0]:  # the update sees batch z-scores: mean 0 over the unfiltered batch
+            assert abs(metrics[step]["critic/score_mean"]) < 1e-5
+        else:  # one group of two kept; its scores are z-scores clamped to [-1, 3]
+            assert metrics[step]["rollout/filter_kept_count"] == 1
+            assert -1.0 <= metrics[step]["critic/score_mean"] <= 3.0
+
+
 def test_export_loads_in_transformers_with_the_same_greedy_actions(reference_run, tmp_path):
     torch = pytest.importorskip("torch")
     import jax

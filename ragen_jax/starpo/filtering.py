@@ -10,16 +10,33 @@ their advantages by it (``loss_scaling``, as RAGEN's ``filter_loss_scaling``).
 Semantics follow RAGEN's ``ragen/trainer/rollout_filter.py`` exactly for each strategy
 (including its edge cases: an unreachable ``top_p`` threshold keeps nothing, ``top_k`` keeps
 at least one group, zero-score groups are removed first when ``include_zero`` is False).
+
+Metrics: ``reward_variance`` (the group's score std), ``reward`` (mean), ``reward_sum``,
+``length`` (mean sampled tokens), and RAGEN's policy-entropy metrics ``entropy`` (the group's
+mean of per-trajectory entropies) and ``entropy_variance`` (their unbiased std, despite the
+name, as RAGEN). A trajectory's entropy is the mean over its sampled tokens of the entropy of
+the policy's next-token distribution at the sampling temperature. The filter runs before the
+update computes any log-prob, so, as RAGEN does (its ``compute_log_prob`` before the filter),
+the trainer runs one extra forward pass of the current policy over the whole rollout batch
+(``trajectory_entropies``) when, and only when, an entropy metric is chosen. The sampler's
+log-probs of the sampled tokens would give only a one-sample estimate (``-log p`` of the
+drawn token), so the exact full-vocabulary entropy is computed instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from flax import nnx
 
-METRICS = ("reward_variance", "reward", "reward_sum", "length")
+from ragen_jax.starpo.token_scores import token_logprobs
+
+METRICS = ("reward_variance", "reward", "reward_sum", "length", "entropy", "entropy_variance")
+ENTROPY_METRICS = ("entropy", "entropy_variance")
 STRATEGIES = ("top_p", "top_k", "top_k_abs", "min_p")
 ZERO = 1e-10
 
@@ -48,11 +65,22 @@ class FilterConfig:
                 raise ValueError(f"filter.{field} must be one of {allowed}, got {getattr(self, field)!r}")
 
 
-def group_scores(scores: jax.Array, lengths: jax.Array | None, metric: str) -> jax.Array:
+def _std(x: jax.Array) -> jax.Array:
+    """Unbiased std of each row [G, S] (RAGEN's torch.std); 0 for groups of one."""
+    return jnp.std(x, axis=1, ddof=1) if x.shape[1] > 1 else jnp.zeros(x.shape[0])
+
+
+def group_scores(scores: jax.Array, lengths: jax.Array | None, metric: str,
+                 entropies: jax.Array | None = None) -> jax.Array:
     """The per-group selection score. ``scores`` [G, S] trajectory scores (rewards plus
-    penalties), ``lengths`` [G, S] response lengths (for ``metric="length"``).  # [G]"""
+    penalties), ``lengths`` [G, S] response lengths (for ``metric="length"``), ``entropies``
+    [G, S] per-trajectory mean token entropies (for the entropy metrics).  # [G]"""
     if metric == "reward_variance":  # RAGEN: unbiased torch.std despite the name
-        return jnp.std(scores, axis=1, ddof=1) if scores.shape[1] > 1 else jnp.zeros(scores.shape[0])
+        return _std(scores)
+    if metric in ENTROPY_METRICS:
+        if entropies is None:
+            raise ValueError(f"filter metric {metric!r} needs entropies")
+        return entropies.mean(axis=1) if metric == "entropy" else _std(entropies)
     if metric == "reward":
         return scores.mean(axis=1)
     if metric == "reward_sum":
@@ -100,16 +128,18 @@ def select_groups(score: jax.Array, config: FilterConfig) -> jax.Array:
     return valid & (score <= best / (config.value + ZERO) + ZERO)
 
 
-def filter_groups(scores: jax.Array, config: FilterConfig, lengths: jax.Array | None = None
+def filter_groups(scores: jax.Array, config: FilterConfig, lengths: jax.Array | None = None,
+                  entropies: jax.Array | None = None
                   ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
-    """Applies the filter to a batch of ``G`` groups of ``S`` rollouts (group-major).
+    """Applies the filter to a batch of ``G`` groups of ``S`` rollouts (group-major);
+    ``lengths`` and ``entropies`` [G, S] as ``group_scores`` needs them for the metric.
 
     Returns ``(keep [G] bool, weights [G * S] float32, metrics)``: ``weights`` is 0 for
     dropped rollouts and 1 (or the kept ratio, or its square root, with ``loss_scaling``)
     for kept ones. Metrics use RAGEN's names.
     """
     num_groups = scores.shape[0]
-    score = group_scores(scores, lengths, config.metric)
+    score = group_scores(scores, lengths, config.metric, entropies)
     keep = select_groups(score, config)
     kept = keep.sum()
     ratio = kept / num_groups
@@ -119,7 +149,7 @@ def filter_groups(scores: jax.Array, config: FilterConfig, lengths: jax.Array | 
     def chosen_mean(x):
         return jnp.where(kept > 0, jnp.sum(jnp.where(keep, x, 0.0)) / jnp.maximum(kept, 1), 0.0)
 
-    std = jnp.std(scores, axis=1, ddof=1) if scores.shape[1] > 1 else jnp.zeros(num_groups)
+    std = _std(scores)
     metrics = {
         "rollout/in_group_reward_std": std.mean(),
         "rollout/in_group_reward_mean": scores.mean(axis=1).mean(),
@@ -131,4 +161,40 @@ def filter_groups(scores: jax.Array, config: FilterConfig, lengths: jax.Array | 
         "rollout/filter_zero_count": jnp.sum(jnp.abs(score) <= ZERO).astype(jnp.float32),
         "rollout/empty_after_filter": (kept == 0).astype(jnp.float32),
     }
+    if entropies is not None:
+        e_std, e_mean = _std(entropies), entropies.mean(axis=1)
+        metrics |= {
+            "rollout/in_group_entropy_std": e_std.mean(),
+            "rollout/in_group_entropy_mean": e_mean.mean(),
+            "rollout/in_group_entropy_max": entropies.max(axis=1).mean(),
+            "rollout/chosen_in_group_entropy_std": chosen_mean(e_std),
+            "rollout/chosen_in_group_entropy_mean": chosen_mean(e_mean),
+        }
     return keep, weights, metrics
+
+
+def trajectory_entropies(model, input_ids: np.ndarray, attention_mask: np.ndarray,
+                         positions: np.ndarray, loss_mask: np.ndarray, temperature: float,
+                         rows_per_pass: int) -> np.ndarray:
+    """Each row's mean, over its sampled tokens (``loss_mask``), of the entropy of ``model``'s
+    next-token distribution at ``temperature``; 0 for a row that sampled nothing. Rows run
+    ``rows_per_pass`` at a time (the last pass padded, one compiled shape).  # [B] float32"""
+    rows = input_ids.shape[0]
+    size = max(1, min(rows_per_pass, rows))
+    total = -(-rows // size) * size
+
+    def pad(x):
+        return np.concatenate([x, np.zeros((total - rows, *x.shape[1:]), x.dtype)])
+
+    arrays = [pad(np.asarray(a)) for a in (input_ids, attention_mask, positions, loss_mask)]
+    out = [_mean_entropy(model, *(jnp.asarray(a[s:s + size]) for a in arrays), temperature)
+           for s in range(0, total, size)]
+    return np.asarray(jnp.concatenate(out))[:rows]
+
+
+@functools.partial(nnx.jit, static_argnums=(5,))
+def _mean_entropy(model, input_ids, attention_mask, positions, loss_mask, temperature):
+    mask = loss_mask.astype(jnp.float32)
+    _, entropy = token_logprobs(model, input_ids, attention_mask, positions, temperature,
+                                loss_mask=loss_mask.astype(bool))
+    return jnp.sum(entropy * mask, axis=1) / jnp.maximum(mask.sum(1), 1.0)

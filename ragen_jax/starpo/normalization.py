@@ -32,7 +32,11 @@ combination). Host-side numpy on the gathered batch.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+
+from ragen_jax.rollout.batch import RolloutBatch
 
 GROUPINGS = ("state", "batch", "inductive")
 METHODS = ("identity", "mean", "mean_std", "asym_clip")
@@ -86,3 +90,18 @@ def place_scores(token_rewards: np.ndarray, loss_mask: np.ndarray,
     rows = np.nonzero(has)[0]
     out[rows, last[rows]] = scores[rows]
     return out
+
+
+def normalize_batch(batch: RolloutBatch, scores: np.ndarray, tag_ids: np.ndarray, rows: slice,
+                    grouping: str, method: str) -> RolloutBatch:
+    """This process's ``batch`` with its scores (and their token rewards) normalised over the
+    whole batch: ``scores [G, S]`` every process's scores by global group, ``tag_ids [G * S]``
+    their env tags, ``rows`` this process's share of the ``G * S`` rows. ``identity`` returns
+    ``batch`` itself (turn scores, when used, stay where they are)."""
+    if method == "identity":
+        return batch
+    groups, size = scores.shape
+    normed = normalize_scores(scores.reshape(-1), np.repeat(np.arange(groups), size), tag_ids,
+                              grouping, method)[rows]
+    return dataclasses.replace(batch, scores=normed,
+                               token_rewards=place_scores(batch.token_rewards, batch.loss_mask, normed))

@@ -113,3 +113,47 @@ def test_filter_groups_weights_and_metrics():
 def test_bad_config_names_the_field():
     with pytest.raises(ValueError, match="filter.strategy"):
         FilterConfig(strategy="best")
+
+
+def test_entropy_metrics_hand_values():
+    scores = jnp.zeros((3, 2))  # no reward signal: only the entropies decide
+    entropies = jnp.array([[1.0, 3.0], [2.0, 2.0], [0.5, 0.5]])
+    # "entropy": the group mean (2, 2, 0.5); "entropy_variance": the unbiased std (sqrt 2, 0, 0).
+    keep, _, m = filter_groups(scores, FilterConfig(strategy="top_k_abs", value=1, metric="entropy_variance"),
+                               entropies=entropies)
+    assert np.asarray(keep).tolist() == [True, False, False]
+    assert float(m["rollout/in_group_entropy_std"]) == pytest.approx(math.sqrt(2) / 3, abs=1e-6)
+    assert float(m["rollout/chosen_in_group_entropy_std"]) == pytest.approx(math.sqrt(2), abs=1e-6)
+    assert float(m["rollout/in_group_entropy_mean"]) == pytest.approx(4.5 / 3, abs=1e-6)
+    assert float(m["rollout/in_group_entropy_max"]) == pytest.approx(5.5 / 3, abs=1e-6)
+    keep, _, m = filter_groups(scores, FilterConfig(strategy="top_k_abs", value=1, metric="entropy",
+                                                    filter_type="smallest"), entropies=entropies)
+    assert np.asarray(keep).tolist() == [False, False, True]
+    assert float(m["rollout/chosen_in_group_entropy_mean"]) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="needs entropies"):
+        filter_groups(scores, FilterConfig(metric="entropy"))
+
+
+def test_trajectory_entropies_are_the_masked_mean_of_token_entropies():
+    from flax import nnx
+
+    from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
+    from ragen_jax.starpo.filtering import trajectory_entropies
+    from ragen_jax.starpo.token_scores import token_logprobs
+
+    model = Qwen2ForCausalLM(QwenConfig.tiny(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=2, num_attention_heads=4,
+                                             num_key_value_heads=2, head_dim=8), rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(0)
+    b, length = 5, 12
+    ids = rng.integers(0, 64, (b, length)).astype(np.int32)
+    attn = np.arange(length)[None] < rng.integers(6, length + 1, b)[:, None]
+    pos = np.broadcast_to(np.arange(length, dtype=np.int32), (b, length))
+    loss = attn & (rng.random((b, length)) < 0.5) & (np.arange(length) > 0)
+    loss[3] = False  # a row that sampled nothing gets 0
+    got = trajectory_entropies(model, ids, attn, pos, loss, 0.7, rows_per_pass=2)  # 3 passes, padded
+    _, ent = token_logprobs(model, jnp.asarray(ids), jnp.asarray(attn), jnp.asarray(pos), 0.7)
+    ent = np.asarray(ent)
+    expected = [ent[i][loss[i]].mean() if loss[i].any() else 0.0 for i in range(b)]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert got[3] == 0.0
