@@ -9,8 +9,12 @@ Presets: ``tiny`` (default; a random tiny Qwen2 and the built-in tokenizer, no d
 ``qwen2.5-0.5b``, ``qwen2.5-1.5b``, ``qwen2.5-3b``, ``qwen2.5-7b`` (need
 ``--config.model.path`` to a local Hugging Face folder). Algorithms by override:
 ``--config.algorithm.adv_estimator=gae`` (PPO with a critic), ``grpo``, ``drgrpo`` (GRPO
-without std normalisation, ``seq-mean-token-sum``), ``rloo``, ``brpo``, ``arpo``; StarPO-S /
-SNR filtering with ``--config.filter.strategy=top_k --config.filter.value=0.25`` etc.
+without std normalisation, ``seq-mean-token-sum``), ``rloo``, ``reinforce_plus_plus``,
+``reinforce_plus_plus_baseline``; reward normalisation with
+``--config.algorithm.reward_norm_preset=GRPO`` (or ``BRPO``, ``ARPO``) or
+``--config.algorithm.reward_norm_grouping=batch --config.algorithm.reward_norm_method=mean_std``
+etc.; StarPO-S / SNR filtering with ``--config.filter.strategy=top_k --config.filter.value=0.25``
+etc.
 """
 
 from __future__ import annotations

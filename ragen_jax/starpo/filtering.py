@@ -50,7 +50,7 @@ class FilterConfig:
     strategy: str = "top_p"
     value: float = 1.0
     filter_type: str = "largest"  # or "smallest"
-    metric: str = "reward_variance"
+    metric: str = "reward_variance"  # reward_variance (score std) | reward | reward_sum | length | entropy | entropy_variance
     include_zero: bool = True
     top_p_prob_mode: str = "linear"  # or "softmax"
     selection_eps: float = 0.01
