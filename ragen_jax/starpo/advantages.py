@@ -111,7 +111,9 @@ def grpo(scores: jax.Array, group_ids: jax.Array, num_groups: int, norm_by_std: 
          eps: float = 1e-6) -> jax.Array:
     """GRPO: ``(s - group mean) / (group std + eps)`` with the unbiased std; Dr.GRPO with
     ``norm_by_std=False``: ``s - group mean``. A group of one gets mean 0 and std 1 (RAGEN and
-    veRL), i.e. its raw score.  # [B]"""
+    veRL), i.e. its raw score. Scores arrive after the reward normalisation
+    (``starpo.normalization``); GRPO is invariant to its per-group affine maps, so only
+    ``asym_clip``'s clamp changes what GRPO sees.  # [B]"""
     scores = scores.astype(jnp.float32)
     count, mean, std = _group_stats(scores, group_ids, num_groups)
     single = count < 2
