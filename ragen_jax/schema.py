@@ -32,7 +32,7 @@ from ragen_jax.models.qwen import REMAT_POLICIES
 from ragen_jax.rollout.agent import RolloutConfig
 from ragen_jax.starpo.estimators import ESTIMATORS, NEEDS_CRITIC, AdvantageSettings
 from ragen_jax.starpo.filtering import FilterConfig
-from ragen_jax.starpo.step import StepSettings
+from ragen_jax.starpo.step import SAMPLE_UNITS, StepSettings
 from ragen_jax.starpo.update import UpdateConfig
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # model.dtype -> JAX dtype
@@ -110,9 +110,11 @@ class AlgorithmConfig:
     entropy_coeff: float = 0.001  # entropy bonus (RAGEN: 0.001)
     kl_coef: float = 0.0  # KL-to-reference loss weight; > 0 adds the reference role (RAGEN: 0)
     kl_estimator: str = "k1"  # k1 | k3 | mse (RAGEN: kl = k1)
+    sample_unit: str = "trajectory"  # a training row is a trajectory (its whole sequence) | a turn (its prompt, then its answer; the episode's advantage on every turn). rollout.context_window limited / single_turn need turn
 
     def __post_init__(self):
         _choice("algorithm.adv_estimator", self.adv_estimator, tuple(ESTIMATORS))
+        _choice("algorithm.sample_unit", self.sample_unit, SAMPLE_UNITS)
         if self.bi_level_gae and self.adv_estimator != "gae":
             raise ConfigError("algorithm.bi_level_gae needs algorithm.adv_estimator=gae")
         if self.kl_coef < 0 or self.entropy_coeff < 0:
@@ -267,6 +269,7 @@ class RunConfig:
     distributed: DistributedConfig = DistributedConfig()
 
     def __post_init__(self):
+        self._check_sample_unit()
         d = self.distributed
         if d.enabled and d.coordinator_address != "auto":
             for name in ("env_groups", "val_groups"):
@@ -276,6 +279,25 @@ class RunConfig:
         if self.preset != "tiny" and not self.model.path:
             raise ConfigError(f"model.path is required for preset {self.preset}: give "
                               f"--config.model.path=/path/to/a/local/Hugging-Face/folder")
+
+    def _check_sample_unit(self) -> None:
+        """Windows other than ``full`` and cut prompts have no single trajectory sequence:
+        they train turn-wise (as RAGEN's limited_multi_turn and single_turn modes do)."""
+        r, a = self.rollout, self.algorithm
+        if a.sample_unit == "turn":
+            if a.bi_level_gae or r.use_turn_scores:
+                raise ConfigError("algorithm.sample_unit=turn trains each turn on its episode's "
+                                  "score: it does not combine with algorithm.bi_level_gae or "
+                                  "rollout.use_turn_scores")
+            return
+        if r.context_window != "full":
+            raise ConfigError(f"algorithm.sample_unit must be 'turn' with rollout.context_window="
+                              f"{r.context_window} (each turn saw its own prompt, so each turn is "
+                              f"its own training row), got {a.sample_unit!r}")
+        if r.overlong == "truncate":
+            raise ConfigError(f"algorithm.sample_unit must be 'turn' with rollout.overlong="
+                              f"truncate (a cut history is no longer one sequence), got "
+                              f"{a.sample_unit!r}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -460,8 +482,11 @@ def resolve(run: RunConfig) -> Resolved:
         estimator=a.adv_estimator, gamma=a.gamma, lam=a.lam, norm_adv_by_std=a.norm_adv_by_std,
         bi_level_gae=a.bi_level_gae, high_level_gamma=a.high_level_gamma,
         num_groups=run.rollout.env_groups)
+    if a.sample_unit == "turn":
+        notes.append(f"training rows: one per turn (rollout.context_window="
+                     f"{run.rollout.context_window}); actor.ppo_mini_batch_size counts turn rows")
     step = StepSettings(actor=actor, critic=critic, reference=reference, advantages=advantages,
-                        mini_batch_size=mini, epochs=act.ppo_epochs,
+                        mini_batch_size=mini, epochs=act.ppo_epochs, sample_unit=a.sample_unit,
                         recompute_logprobs=act.recompute_logprobs,
                         gradient_buckets=run.diagnostics.gradient_buckets)
     return Resolved(run=run, rollout=rollout, step=step, output_dir=out, notes=tuple(notes))
