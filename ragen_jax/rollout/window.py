@@ -153,7 +153,7 @@ class ContextWindow:
         for j in range(start, turn):
             parts.append(ep.answer_ids(j))
             parts.append(ep.chunk_ids(j + 1) if j + 1 < turn else chunk)
-        return [int(t) for p in parts for t in p]
+        return np.concatenate([np.asarray(p, np.int64) for p in parts]).tolist()
 
     # -- single_turn ---------------------------------------------------------------------------
 
