@@ -17,6 +17,8 @@ chunks, decoding and parsing, batch assembly: everything outside the generate an
     PYTHONPATH=. python experiments/bench_rollout.py --big      # + 0.5B-shaped random model
     PYTHONPATH=. python experiments/bench_rollout.py --sharing --groups 8 --group-size 16
         # a group's first prompt prefilled once, cache growth in multiples of 128: same seeds
+    PYTHONPATH=. python experiments/bench_rollout.py --windows
+        # rollout.context_window full vs limited (k=1, k=2) vs single_turn: same seeds
 
 Writes ``experiments/results/bench_rollout.md`` and prints the table.
 """
@@ -124,6 +126,58 @@ def bench_sharing(args) -> str:
         f"{os.cpu_count()} CPUs, jax {jax.__version__}).", ""])
 
 
+WINDOWS = [("full", dict(context_window="full")),
+           ("limited k=1", dict(context_window="limited", window_turns=1)),
+           ("limited k=2", dict(context_window="limited", window_turns=2)),
+           ("single_turn", dict(context_window="single_turn"))]
+
+
+def bench_windows(args) -> str:
+    """The context-window modes on the same seeds: a window that drops turns re-prefills
+    each turn's whole prompt into a fresh cache; ``full`` prefills only each new chunk."""
+    tok = tokenizers.load(None)
+    model = Qwen2ForCausalLM(QwenConfig.tiny(), rngs=nnx.Rngs(0))
+    env, params = make("sokoban")
+    sampler = Sampler(model, pad_id=tok.pad_token_id, bucket_multiple=64)
+    rows = []
+    for label, kw in WINDOWS:
+        cfg = RolloutConfig(env_groups=args.groups, group_size=args.group_size,
+                            max_turn=args.turns, response_length=args.response_length,
+                            temperature=1.0, **kw)
+        rollout = AgentRollout(env, params, tok, cfg)
+        seeds = train_seeds(cfg, 0)
+        t0 = time.perf_counter()
+        rollout.collect(sampler, seeds, jax.random.key(0))  # compiles
+        warm = time.perf_counter() - t0
+        runs = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            batch = rollout.collect(sampler, seeds, jax.random.key(0))
+            runs.append((time.perf_counter() - t0, batch))
+        wall, batch = sorted(runs, key=lambda x: x[0])[len(runs) // 2]
+        n, m = len(batch.trajectories), batch.metrics
+        rows.append(f"| {label} | {n} | {np.mean(batch.num_turns):.1f} | {wall:.2f} | "
+                    f"{n / wall:.2f} | {m['rollout/prompt_tokens'] / n:.0f} | "
+                    f"{m['rollout/prefill_tokens'] / n:.0f} | {m['rollout/sampled_tokens'] / n:.0f} | "
+                    f"{m['rollout/tokens'] / n:.0f} | {batch.timing['generate_s']:.2f} | "
+                    f"{batch.timing['host_s']:.2f} | {warm:.1f} |")
+        print(rows[-1], flush=True)
+    return "\n".join([
+        f"## Context windows ({args.groups} groups x {args.group_size}, {args.turns} turns, "
+        f"{args.response_length} tokens per turn, temperature 1, tiny, same seeds)",
+        "",
+        "Prompt tokens: summed over the turns, the prompts the model read (a turn-wise training "
+        "row holds its prompt). Prefilled: the tokens actually encoded (``full`` continues the "
+        "cache, so only each turn's new chunk; the others prefill every turn's whole prompt into "
+        "a fresh cache). Transcript: the episode as one full-context sequence.",
+        "",
+        "| window | episodes | turns | wall s | traj/s | prompt tok/traj | prefilled tok/traj "
+        "| sampled tok/traj | transcript tok/traj | generate s | host s | first run s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *rows, "", f"Median of {args.repeats} runs after a compiling one; {platform.machine()}, "
+        f"{os.cpu_count()} CPUs (shared), jax {jax.__version__}.", ""])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--big", action="store_true", help="also the 0.5B-shaped random model")
@@ -138,9 +192,11 @@ def main() -> None:
                     help="append this table to the results file instead of replacing it")
     ap.add_argument("--sharing", action="store_true",
                     help="only: group prompt sharing and cache growth (appended to the results)")
+    ap.add_argument("--windows", action="store_true",
+                    help="only: the context-window modes (appended to the results)")
     args = ap.parse_args()
-    if args.sharing:
-        text = bench_sharing(args)
+    if args.sharing or args.windows:
+        text = bench_windows(args) if args.windows else bench_sharing(args)
         RESULTS.write_text(RESULTS.read_text() + "\n" + text if RESULTS.exists() else text)
         print(text)
         return

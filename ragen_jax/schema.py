@@ -33,7 +33,7 @@ from ragen_jax.rollout.agent import RolloutConfig
 from ragen_jax.starpo.estimators import ESTIMATORS, NEEDS_CRITIC, AdvantageSettings
 from ragen_jax.starpo.filtering import FilterConfig
 from ragen_jax.starpo.normalization import GROUPINGS, METHODS, PRESETS
-from ragen_jax.starpo.step import StepSettings
+from ragen_jax.starpo.step import SAMPLE_UNITS, StepSettings
 from ragen_jax.starpo.update import UpdateConfig
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # model.dtype -> JAX dtype
@@ -114,9 +114,11 @@ class AlgorithmConfig:
     reward_norm_grouping: str = "state"  # trajectory-score normalisation within: state (env group) | batch | inductive (env tag) (RAGEN: state)
     reward_norm_method: str = "identity"  # identity | mean | mean_std | asym_clip (mean_std clamped to [-1, 3]) (RAGEN: identity)
     reward_norm_preset: str = ""  # RAGEN V1 names, setting both: GRPO (state mean_std) | BRPO (batch mean_std) | ARPO (identity); "" = the two fields
+    sample_unit: str = "trajectory"  # a training row is a trajectory (its whole sequence) | a turn (its prompt, then its answer; the episode's advantage on every turn). rollout.context_window limited / single_turn need turn
 
     def __post_init__(self):
         _choice("algorithm.adv_estimator", self.adv_estimator, tuple(ESTIMATORS))
+        _choice("algorithm.sample_unit", self.sample_unit, SAMPLE_UNITS)
         _choice("algorithm.reward_norm_grouping", self.reward_norm_grouping, GROUPINGS)
         _choice("algorithm.reward_norm_method", self.reward_norm_method, METHODS)
         _choice("algorithm.reward_norm_preset", self.reward_norm_preset, ("", *PRESETS))
@@ -289,6 +291,7 @@ class RunConfig:
     distributed: DistributedConfig = DistributedConfig()
 
     def __post_init__(self):
+        self._check_sample_unit()
         d = self.distributed
         if d.enabled and d.coordinator_address != "auto":
             for name in ("env_groups", "val_groups"):
@@ -298,6 +301,25 @@ class RunConfig:
         if self.preset != "tiny" and not self.model.path:
             raise ConfigError(f"model.path is required for preset {self.preset}: give "
                               f"--config.model.path=/path/to/a/local/Hugging-Face/folder")
+
+    def _check_sample_unit(self) -> None:
+        """Windows other than ``full`` and cut prompts have no single trajectory sequence:
+        they train turn-wise (as RAGEN's limited_multi_turn and single_turn modes do)."""
+        r, a = self.rollout, self.algorithm
+        if a.sample_unit == "turn":
+            if a.bi_level_gae or r.use_turn_scores:
+                raise ConfigError("algorithm.sample_unit=turn trains each turn on its episode's "
+                                  "score: it does not combine with algorithm.bi_level_gae or "
+                                  "rollout.use_turn_scores")
+            return
+        if r.context_window != "full":
+            raise ConfigError(f"algorithm.sample_unit must be 'turn' with rollout.context_window="
+                              f"{r.context_window} (each turn saw its own prompt, so each turn is "
+                              f"its own training row), got {a.sample_unit!r}")
+        if r.overlong == "truncate":
+            raise ConfigError(f"algorithm.sample_unit must be 'turn' with rollout.overlong="
+                              f"truncate (a cut history is no longer one sequence), got "
+                              f"{a.sample_unit!r}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -489,8 +511,11 @@ def resolve(run: RunConfig) -> Resolved:
         estimator=a.adv_estimator, gamma=a.gamma, lam=a.lam, norm_adv_by_std=a.norm_adv_by_std,
         bi_level_gae=a.bi_level_gae, high_level_gamma=a.high_level_gamma,
         num_groups=run.rollout.env_groups)
+    if a.sample_unit == "turn":
+        notes.append(f"training rows: one per turn (rollout.context_window="
+                     f"{run.rollout.context_window}); actor.ppo_mini_batch_size counts turn rows")
     step = StepSettings(actor=actor, critic=critic, reference=reference, advantages=advantages,
-                        mini_batch_size=mini, epochs=act.ppo_epochs,
+                        mini_batch_size=mini, epochs=act.ppo_epochs, sample_unit=a.sample_unit,
                         recompute_logprobs=act.recompute_logprobs,
                         gradient_buckets=run.diagnostics.gradient_buckets)
     return Resolved(run=run, rollout=rollout, step=step, output_dir=out, notes=tuple(notes),

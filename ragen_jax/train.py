@@ -59,7 +59,7 @@ from ragen_jax.viewer import render_html
 # Rollout metrics that count (summed over processes); the others are per-episode means.
 ROLLOUT_COUNTS = tuple(f"rollout/{k}" for k in (
     "num_trajectories", "num_groups", "tokens", "sampled_tokens", "length_truncated",
-    "truncated", "unplaced_scores", "env_errors"))
+    "truncated", "unplaced_scores", "env_errors", "prompt_tokens", "prefill_tokens"))
 
 
 class Trainer:
@@ -112,7 +112,9 @@ class Trainer:
                 self._key(0, self.step), row_offset=part.start * self.run.rollout.group_size)
         metrics = {("train/" + k if k.startswith(self.tag + "/") else k): v
                    for k, v in batch.metrics.items()}
-        diagnose = self.monitor.due(self.step)
+        # RAGEN computes the collapse diagnostics in the full context window only: the
+        # transcript is then the sequence every turn saw.
+        diagnose = self.monitor.due(self.step) and self.run.rollout.context_window == "full"
         if diagnose:
             with _timed(timings, "diagnostics"):
                 metrics |= self.monitor.measure(batch, self.policy, self.step)
@@ -146,7 +148,8 @@ class Trainer:
             group_offset=part.start, mini_batch_size=self.run.actor.ppo_mini_batch_size,
             pad_multiple=self.run.rollout.pad_multiple, group_buckets=buckets, mesh=self.mesh,
             rng=np.random.default_rng([self.run.seed, self.step, jax.process_index()]),
-            share_prefixes=self.run.actor.share_prefix)
+            share_prefixes=self.run.actor.share_prefix,
+            sample_unit=self.run.algorithm.sample_unit)
         if rows is None:
             return metrics | {"train/update_skipped_empty": 1.0} | timings
 

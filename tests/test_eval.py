@@ -64,3 +64,19 @@ def test_unknown_override_is_one_line_error(tmp_path):
     with pytest.raises(SystemExit) as exc:
         ev.main(["--config.rollout.val_grups=2", "--out", str(tmp_path / "out")])
     assert "--config.rollout.val_grups: unknown field" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_eval_plays_the_runs_context_window(tmp_path, capsys):
+    """The window mode is part of the rollout config a run validates with: eval plays it."""
+    out = tmp_path / "eval"
+    ev.main(["--config.rollout.val_groups=2", "--config.rollout.val_group_size=1",
+             "--config.rollout.max_turn=3", "--config.rollout.response_length=8",
+             "--config.rollout.context_window=limited", "--config.rollout.window_turns=1",
+             "--config.algorithm.sample_unit=turn", "--config.model.hidden_size=64",
+             "--config.model.num_hidden_layers=2", "--out", str(out)])
+    capsys.readouterr()
+    trajs = [json.loads(x) for x in (out / "trajectories.jsonl").read_text().splitlines()]
+    turns = [t for traj in trajs for t in traj["turns"]]
+    assert len(turns) == 6  # random answers: no valid action, every episode plays 3 turns
+    for t in turns:  # k = 1: each prompt shows its own turn only, prefilled whole
+        assert t["window_start"] == t["turn"] and t["prefill_tokens"] == t["prompt_tokens"]

@@ -15,18 +15,22 @@ One ``AgentRollout.collect`` call plays ``groups x group_size`` episodes of one 
   on. Generation is the sampler's jitted prefill + ``while_loop``. The host only does small string work: it renders states,
   tokenises the inserted chunks, decodes and parses answers, and assembles the batch (per
   row, never per token).
-* **One token sequence per trajectory, KV cache across turns.** Turn k prefills only its new
-  chunk (``ChatFormat.first_chunk`` / ``next_chunk``) into the cache the previous turn left,
-  then decodes. ``reuse_cache=False`` re-encodes the whole history each turn instead (the
-  benchmark's baseline; same tokens, same batch).
+* **One token sequence per trajectory, KV cache across turns** (``rollout.context_window=
+  full``, the default). Turn k prefills only its new chunk (``ChatFormat.first_chunk`` /
+  ``next_chunk``) into the cache the previous turn left, then decodes. ``reuse_cache=False``
+  re-encodes the whole history each turn instead (the benchmark's baseline; same tokens,
+  same batch). The ``limited`` and ``single_turn`` windows (``rollout.window``) rebuild each
+  turn's prompt on the host; a turn whose prompts do not all extend the rows' previous
+  sequences prefills the whole prompts into a fresh cache.
 * **Budgets** (RAGEN's): at most ``max_turn`` LLM calls, ``max_actions_per_traj`` env actions
   per episode, ``max_actions_per_turn`` per turn; a turn's valid actions run in order until
   the env is done; the turn reward is their sum; a turn with a format error adds
   ``format_penalty`` once; with no valid action the env is not stepped but the turn is
   consumed and the next prompt carries the warning. An episode ends when the env terminates
   or truncates (its ``max_steps``), when the action budget is spent (truncated), after
-  ``max_turn`` turns (unfinished), or when the next chunk plus a full response would not fit
-  ``max_model_len`` real tokens (truncated, counted in ``rollout/length_truncated``).
+  ``max_turn`` turns (unfinished), or when the turn's prompt plus a full response would not
+  fit ``max_model_len`` real tokens (truncated, counted in ``rollout/length_truncated``), unless
+  ``rollout.overlong=truncate`` drops the oldest turns from the prompt instead.
   ``success`` = terminated, not truncated, and the env's ``info["success"]`` on the last step
   (for Sokoban terminated already means solved; FrozenLake also terminates in a hole).
 * **Policies** (``Policy``): the ``Sampler``, or a scripted policy
@@ -72,6 +76,7 @@ from ragen_jax.rollout.env_driver import (  # noqa: F401
     row_state,
 )
 from ragen_jax.rollout.sampler import SampleOutput, SamplingParams
+from ragen_jax.rollout.window import MODES, OVERLONG, ContextWindow, WindowPrompt
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +109,9 @@ class RolloutConfig:
     val_temperature: float = 0.5  # validation sampling temperature (RAGEN: 0.5)
     pad_multiple: int = 64  # batch length is rounded up to this (bounds recompiles)
     cache_multiple: int = 0  # the sampler's KV cache grows to a multiple of this; 0 = powers of two
+    context_window: str = "full"  # each turn's prompt: full (the whole episode, KV cache across turns) | limited (system + the last window_turns turns) | single_turn (history summarised in one user message) (RAGEN: context_window_mode)
+    window_turns: int = 0  # limited / single_turn: turns a prompt shows, the current one included; 0 = all (RAGEN: max_context_window, -1 = all)
+    overlong: str = "end"  # a prompt + full answer past max_model_len: end (the episode, truncated) | truncate (drop the oldest turns, system message kept: RAGEN's _apply_max_length)
 
     def __post_init__(self):
         for name in ("env_groups", "group_size", "max_turn", "max_actions_per_traj",
@@ -113,6 +121,11 @@ class RolloutConfig:
         for name in ("temperature", "val_temperature", "top_k", "max_tokens_hint", "cache_multiple"):
             self._require(name, getattr(self, name) >= 0, ">= 0")
         self._require("top_p", 0 < self.top_p <= 1, "in (0, 1]")
+        self._require("context_window", self.context_window in MODES, f"one of {MODES}")
+        self._require("overlong", self.overlong in OVERLONG, f"one of {OVERLONG}")
+        self._require("window_turns", self.window_turns >= 0, ">= 0")
+        self._require("window_turns", self.context_window != "full" or self.window_turns == 0,
+                      "0 with rollout.context_window=full (the window is the whole episode)")
 
     def _require(self, name: str, ok: bool, requirement: str) -> None:
         if not ok:
@@ -173,7 +186,8 @@ class _Prompts(NamedTuple):
     """One turn's prompt chunks: the live episodes that still fit ``max_model_len``."""
 
     turn: int
-    chunks: dict[int, list[int]]  # row -> the inserted chunk's token ids
+    chunks: dict[int, list[int]]  # row -> the transcript chunk's token ids
+    prompts: dict[int, WindowPrompt]  # row -> the prompt the model reads (its context window)
     action_names: dict[int, tuple[str, ...]]  # row -> the action names of its state
 
 
@@ -244,6 +258,10 @@ class AgentRollout:
         self.tag = tag or env.name
         self.chat = ChatFormat(tokenizer, config.context, eos_ids=eos_ids)
         self.driver = make_driver(env, env_params, config.max_actions_per_turn)
+        self.window = ContextWindow(self.chat, mode=config.context_window,
+                                    window_turns=config.window_turns, overlong=config.overlong,
+                                    max_model_len=config.max_model_len,
+                                    response_length=config.response_length)
 
     def collect(self, policy: Policy, group_seeds: Sequence[int] | np.ndarray, key: jax.Array,
                 *, group_size: int | None = None, reuse_cache: bool = True,
@@ -301,23 +319,26 @@ class AgentRollout:
     # -- the phases of a turn ------------------------------------------------------------------
 
     def _build_prompts(self, eps: list[Episode], host: Any, turn: int) -> _Prompts:
-        """Opens turn ``turn`` of every live episode and tokenises its chunks; an episode
-        whose chunk plus a full response would exceed ``max_model_len`` ends instead."""
-        cfg = self.config
+        """Opens turn ``turn`` of every live episode, tokenises its transcript chunk and builds
+        its prompt (``rollout.window``); an episode whose prompt plus a full response would
+        exceed ``max_model_len`` (after dropping turns, with ``overlong=truncate``) ends
+        instead."""
         rows = [i for i, ep in enumerate(eps) if not ep.done]
         names, texts = {}, []
         for i in rows:
             names[i], text = self._open_turn(eps[i], row_state(host, i), turn)
             texts.append(text)
         chunks = dict(zip(rows, self.chat.encode(texts), strict=True))
+        prompts = self.window.prompts(eps, chunks, turn)
         for i in rows:
-            ep = eps[i]
-            if ep.length + len(chunks[i]) + cfg.response_length > cfg.max_model_len:
+            if i not in prompts:
+                ep = eps[i]
                 ep.truncated = ep.length_truncated = True
                 ep.messages.pop()  # the turn is not played: no user message, no turn record
                 ep.turns.pop()
+                ep.blocks.pop()
                 del chunks[i]
-        return _Prompts(turn, chunks, names)
+        return _Prompts(turn, chunks, prompts, names)
 
     def _open_turn(self, ep: Episode, state: Any, turn: int) -> tuple[tuple[str, ...], str]:
         """Records the turn's user message (after the system message on turn 1) and returns
@@ -328,8 +349,11 @@ class AgentRollout:
         user = user_message(ctx, turn=turn, state=state_text,
                             actions_left=cfg.max_actions_per_traj - ep.num_actions,
                             warning=ep.warning, prev_reward=ep.prev_reward)
+        ep.blocks.append(user_message(ctx, turn=turn, state=state_text,
+                                      actions_left=cfg.max_actions_per_traj - ep.num_actions,
+                                      warning=ep.warning))
         if turn == 1:
-            system = system_message(self.env, names, ctx)
+            system = ep.system = system_message(self.env, names, ctx)
             ep.messages.append({"role": "system", "content": system})
             chunk = self.chat.first_chunk(system, user)
         else:
@@ -342,16 +366,22 @@ class AgentRollout:
                   sampling: SamplingParams, cache: Any, reuse_cache: bool,
                   keys: jax.Array) -> tuple[_Generated, Any]:
         """Asks ``policy`` for the answers of the prompted rows: ``(answers, the cache to
-        continue next turn)``. Without cache reuse every prompt is the whole history."""
+        continue next turn)``. When every prompt extends its row's previous sequence, only the
+        new chunks are sent, continuing ``cache``; otherwise (a window that slid or was cut,
+        a ``single_turn`` summary, or no cache reuse) the whole prompts, into a fresh cache."""
         n = len(eps)
         active = np.zeros(n, bool)
         active[list(prompts.chunks)] = True
-        if reuse_cache:
+        continued = reuse_cache and all(p.continues for p in prompts.prompts.values())
+        if continued:
             ids = [prompts.chunks.get(i, []) for i in range(n)]
-        else:  # baseline: the whole history plus the chunk, no cache
-            ids = [_history(eps[i]) + prompts.chunks[i] if active[i] else [] for i in range(n)]
+        else:
+            ids = [prompts.prompts[i].ids if active[i] else [] for i in range(n)]
+            cache = None
+        for i in prompts.chunks:
+            eps[i].turns[-1]["prefill_tokens"] = len(ids[i])
         out = policy(ids, key=keys, params=sampling, stop_tokens=self.chat.stop_ids,
-                     active=active, cache=cache if reuse_cache else None, env_states=host)
+                     active=active, cache=cache, env_states=host)
         gen = _Generated(*(np.asarray(x) for x in jax.device_get(
             (out.tokens, out.lengths, out.logprobs, out.model_logprobs))))
         return gen, (out.cache if reuse_cache else None)
@@ -369,6 +399,10 @@ class AgentRollout:
             ep.pieces.append(Piece(answer.astype(np.int32), True, gen.logprobs[i, :k],
                                    gen.model_logprobs[i, :k], prompts.turn))
             ep.length += len(chunk) + k
+            window = prompts.prompts[i]
+            ep.turn_prompts.append(np.asarray(window.ids, np.int32))
+            ep.window_start = window.start
+            ep.turns[-1].update(window_start=window.start, prompt_tokens=len(window.ids))
             out = self.chat.generated_text(answer)
             ep.emitted_eot = self.chat.emitted_eot(answer)
             ep.turns[-1]["stopped"] = out.stopped
@@ -429,11 +463,6 @@ class AgentRollout:
             log.warning("%d of %d episodes ended at max_model_len=%d", n_len, len(eps),
                         cfg.max_model_len)
         return batch
-
-
-def _history(ep: Episode) -> list[int]:
-    """The episode's token sequence so far."""
-    return [int(t) for piece in ep.pieces for t in piece.ids]
 
 
 def collect(policy: Policy, env: Any, env_params: Any, tokenizer: Any,

@@ -14,6 +14,13 @@ The sampler's cache keeps padding slots between turns; the batch is compacted (p
 removed), which changes nothing in the math (masked slots get exactly zero attention weight
 and positions count real tokens); ``tests/rollout/test_agent.py`` checks that the stored
 log-probs equal one fresh forward pass over the batch to 1e-4.
+
+These arrays are the episode's *transcript*: the chat as the ``full`` context window renders
+it. With a ``limited`` or ``single_turn`` window (``rollout.window``) each turn saw its own
+prompt instead; ``RolloutBatch.turn_samples()`` gives one row per turn (that prompt, then the
+turn's answer), which is what turn-wise training (``algorithm.sample_unit=turn``) reads. The
+transcript still carries every sampled token with its sampled log-probs (response lengths,
+filters and records read it).
 """
 
 from __future__ import annotations
@@ -51,6 +58,19 @@ class Episode:
     env_error: str = ""  # why a host env failed (raised, timed out) and ended the episode
     turns: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # per-turn records
     messages: list[dict[str, str]] = dataclasses.field(default_factory=list)  # the chat
+    system: str = ""  # the system message
+    blocks: list[str] = dataclasses.field(default_factory=list)  # per turn: its user block, no reward line
+    turn_prompts: list[np.ndarray] = dataclasses.field(default_factory=list)  # per played turn: the prompt it saw
+    window_start: int = 1  # the first turn the last prompt showed
+    heads: dict[int, list[int]] = dataclasses.field(default_factory=dict)  # turn -> first_chunk(system, its block) ids
+
+    def chunk_ids(self, turn: int) -> np.ndarray:
+        """The transcript chunk inserted before a played turn's answer."""
+        return self.pieces[2 * (turn - 1)].ids
+
+    def answer_ids(self, turn: int) -> np.ndarray:
+        """A played turn's sampled ids."""
+        return self.pieces[2 * turn - 1].ids
 
     @property
     def done(self) -> bool:
@@ -91,6 +111,73 @@ class RolloutBatch:
     metrics: dict[str, float]
     trajectories: list[dict[str, Any]]
     timing: dict[str, float]
+    episodes: list[Episode] = dataclasses.field(default_factory=list, repr=False)
+    pad_id: int = 0
+    pad_multiple: int = 64
+
+    def turn_samples(self) -> TurnSamples:
+        """One row per played turn (see ``TurnSamples``), built on first use."""
+        if getattr(self, "_turn_samples", None) is None:
+            self._turn_samples = turn_samples(self.episodes, self.scores, self.group_ids,
+                                              pad_id=self.pad_id, pad_multiple=self.pad_multiple)
+        return self._turn_samples
+
+
+@dataclasses.dataclass
+class TurnSamples:
+    """Turn-wise training rows: per played turn, the prompt the model was given (its context
+    window) followed by its answer, left-aligned ``[N, L]`` as ``RolloutBatch``'s arrays.
+    ``loss_mask`` is 1 on the answer only; ``token_rewards`` holds the episode's score on the
+    answer's last token (RAGEN's turn samples carry the trajectory score); ``turn_ids`` is the
+    turn on every real token. With the ``full`` window a turn's row is a prefix of the
+    transcript, so its answer's log-probs are the ones the transcript row gives it."""
+
+    input_ids: np.ndarray  # [N, L] int32
+    attention_mask: np.ndarray  # [N, L] bool
+    position_ids: np.ndarray  # [N, L] int32
+    loss_mask: np.ndarray  # [N, L] bool
+    logprobs: np.ndarray  # [N, L] float32
+    model_logprobs: np.ndarray  # [N, L] float32
+    token_rewards: np.ndarray  # [N, L] float32
+    turn_ids: np.ndarray  # [N, L] int16
+    episode: np.ndarray  # [N] int32, the row of RolloutBatch (its episode)
+    turn: np.ndarray  # [N] int32, 1-based
+    group_ids: np.ndarray  # [N] int32, the episode's group
+
+
+def turn_samples(eps: Sequence[Episode], scores: np.ndarray, group_ids: np.ndarray, *,
+                 pad_id: int, pad_multiple: int) -> TurnSamples:
+    """The turn rows of ``eps`` (see ``TurnSamples``)."""
+    index = [(b, t) for b, ep in enumerate(eps) for t in range(1, len(ep.turn_prompts) + 1)]
+    lengths = [len(eps[b].turn_prompts[t - 1]) + len(eps[b].answer_ids(t)) for b, t in index]
+    width = max(pad_multiple, -(-max(lengths, default=0) // pad_multiple) * pad_multiple)
+    n = len(index)
+    out = {
+        "input_ids": np.full((n, width), pad_id, np.int32),
+        "attention_mask": np.zeros((n, width), bool),
+        "loss_mask": np.zeros((n, width), bool),
+        "logprobs": np.zeros((n, width), np.float32),
+        "model_logprobs": np.zeros((n, width), np.float32),
+        "token_rewards": np.zeros((n, width), np.float32),
+        "turn_ids": np.zeros((n, width), np.int16),
+    }
+    for r, (b, t) in enumerate(index):
+        prompt, answer = eps[b].turn_prompts[t - 1], eps[b].pieces[2 * t - 1]
+        p, k = len(prompt), len(answer.ids)
+        out["input_ids"][r, :p] = prompt
+        out["input_ids"][r, p:p + k] = answer.ids
+        out["attention_mask"][r, :p + k] = True
+        out["turn_ids"][r, :p + k] = t
+        out["loss_mask"][r, p:p + k] = True
+        out["logprobs"][r, p:p + k] = answer.logprobs
+        out["model_logprobs"][r, p:p + k] = answer.model_logprobs
+        if k:
+            out["token_rewards"][r, p + k - 1] = scores[b]
+    episode = np.array([b for b, _ in index], np.int32)
+    return TurnSamples(
+        **out, position_ids=np.maximum(np.cumsum(out["attention_mask"], 1) - 1, 0).astype(np.int32),
+        episode=episode, turn=np.array([t for _, t in index], np.int32),
+        group_ids=np.asarray(group_ids, np.int32)[episode])
 
 
 def assemble_batch(eps: Sequence[Episode], *, seeds: np.ndarray, group_ids: np.ndarray,
@@ -112,7 +199,8 @@ def assemble_batch(eps: Sequence[Episode], *, seeds: np.ndarray, group_ids: np.n
         num_actions=np.array([ep.num_actions for ep in eps], np.int32),
         num_turns=np.array([len(ep.turns) for ep in eps], np.int32),
         group_ids=group_ids, env_ids=np.arange(n, dtype=np.int32), seeds=seeds[group_ids],
-        metrics={}, trajectories=[], timing={})
+        metrics={}, trajectories=[], timing={}, episodes=list(eps), pad_id=pad_id,
+        pad_multiple=pad_multiple)
     batch.trajectories = [
         _trajectory_record(b, ep, batch, final_states[b], tag) for b, ep in enumerate(eps)]
     batch.metrics = rollout_metrics(eps, batch, tag=tag, group_size=group_size)
@@ -244,4 +332,8 @@ def rollout_metrics(eps: Sequence[Episode], batch: RolloutBatch, *, tag: str,
         "rollout/num_groups": float(len(set(batch.group_ids.tolist()))),
         "rollout/tokens": float(sum(ep.length for ep in eps)),
         "rollout/sampled_tokens": float(resp.sum()),
+        # Prompt tokens over every turn (what turn-wise rows hold), and the tokens actually
+        # prefilled (a continued cache prefills only each turn's new chunk).
+        "rollout/prompt_tokens": float(sum(len(p) for ep in eps for p in ep.turn_prompts)),
+        "rollout/prefill_tokens": float(sum(t.get("prefill_tokens", 0) for t in turns)),
     }

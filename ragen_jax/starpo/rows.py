@@ -4,6 +4,11 @@
 copies of kept rows to a multiple of the mini-batch size and the data-parallel device count,
 RAGEN's ``batch_adjust_mode=copy``), balanced across processes (each feeds the same number of
 rows), cut to a common width, and placed on the mesh as global arrays.
+
+A row is a trajectory (``sample_unit="trajectory"``: the rollout's transcript rows) or a
+turn (``"turn"``: ``RolloutBatch.turn_samples()``, each turn's prompt then its answer, with
+every episode's score and group replicated beside them for the episode-level advantages of
+``starpo.step``). Filtering keeps or drops whole groups either way.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from jax.sharding import Mesh
 from ragen_jax import distributed as dist
 from ragen_jax.rollout.agent import RolloutBatch
 from ragen_jax.rollout.sampler import bucket_length
-from ragen_jax.starpo.step import StepBatch
+from ragen_jax.starpo.step import SAMPLE_UNITS, Episodes, StepBatch
 from ragen_jax.starpo.update import Prefixes
 
 
@@ -61,7 +66,8 @@ def turn_ends(loss_mask: np.ndarray, turn_ids: np.ndarray) -> np.ndarray:
 def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray, *,
                      group_offset: int, mini_batch_size: int, pad_multiple: int,
                      group_buckets: np.ndarray, mesh: Mesh, rng: np.random.Generator,
-                     share_prefixes: bool = True) -> StepBatch | None:
+                     share_prefixes: bool = True,
+                     sample_unit: str = "trajectory") -> StepBatch | None:
     """The update's rows of this process's rollout ``batch`` (``None`` if no process kept
     any). ``keep [G_local]`` and ``weights [B_local]`` come from the filter, ``group_offset``
     is this process's first global group id, ``group_buckets [G]`` the reward-std bucket of
@@ -69,7 +75,21 @@ def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
 
     With ``share_prefixes`` each group's shared first prompt (``group_prefix_lengths``) goes
     into a table computed once per forward pass (``StepBatch.prefixes``), and the rows hold
-    only what follows it: a group of n rows reads its prompt once instead of n times."""
+    only what follows it: a group of n rows reads its prompt once instead of n times.
+
+    ``sample_unit="turn"``: the rows are the turn rows (``weights`` stay per episode)."""
+    if sample_unit not in SAMPLE_UNITS:
+        raise ValueError(f"algorithm.sample_unit must be one of {SAMPLE_UNITS}, got {sample_unit!r}")
+    episodes = None
+    if sample_unit == "turn":
+        turns = batch.turn_samples()
+        # Global episode ids: every process holds as many episodes (equal shares of groups).
+        offset = jax.process_index() * batch.scores.size
+        episode_index = (turns.episode + offset).astype(np.int32)
+        episodes = (np.asarray(batch.scores, np.float32),
+                    (batch.group_ids + group_offset).astype(np.int32))
+        weights = np.asarray(weights)[turns.episode]
+        batch = _TurnRows(turns, batch.scores[turns.episode])
     n_dev = mesh.shape["data"] * mesh.shape["fsdp"]
     multiple = math.lcm(mini_batch_size, n_dev)
     if dist.multiprocess():
@@ -112,8 +132,23 @@ def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
         **tokens, scores=batch.scores[rows], group_ids=group_ids.astype(np.int32),
         bucket_ids=np.asarray(group_buckets, np.int32)[group_ids],
         advantage_scale=weights[rows].astype(np.float32),
-        prefix_index=None if prefixes is None else group_ids.astype(np.int32))
-    return jax.tree.map(lambda x: dist.global_rows(x, mesh), local).replace(prefixes=prefixes)
+        prefix_index=None if prefixes is None else group_ids.astype(np.int32),
+        episode_index=None if episodes is None else episode_index[rows])
+    if episodes is not None:  # every process's episodes, in process order
+        episodes = Episodes(*(dist.replicated(dist.allgather(x).reshape(-1), mesh)
+                              for x in episodes))
+    return jax.tree.map(lambda x: dist.global_rows(x, mesh), local).replace(
+        prefixes=prefixes, episodes=episodes)
+
+
+class _TurnRows:
+    """Turn rows (``TurnSamples``) under the names ``build_step_batch`` reads from a batch."""
+
+    def __init__(self, turns, scores: np.ndarray):
+        self.input_ids, self.attention_mask = turns.input_ids, turns.attention_mask
+        self.position_ids, self.loss_mask = turns.position_ids, turns.loss_mask
+        self.model_logprobs, self.token_rewards = turns.model_logprobs, turns.token_rewards
+        self.turn_ids, self.group_ids, self.scores = turns.turn_ids, turns.group_ids, scores
 
 
 def group_prefix_lengths(input_ids: np.ndarray, loss_mask: np.ndarray,

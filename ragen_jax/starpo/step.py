@@ -12,6 +12,18 @@ definitions and untrained variables, e.g. the frozen base weights under LoRA).
 which reads like the algorithm: old log-probs (recomputed, or the sampler's), reference
 log-probs, critic values, advantages, critic epochs, actor epochs. Each optional role is a
 function chosen once when the update is built. Metrics stay on device (one fetch per step).
+
+**Turn-wise rows** (``algorithm.sample_unit=turn``): a row is one turn, its prompt (the
+context window it was given) then its answer, loss-masked to the answer. Advantages follow
+RAGEN V2's turn samples: every turn row of an episode carries the episode's score. A critic-free
+estimator (GRPO, Dr.GRPO, RLOO, ...) runs on the episodes, each counted once (RAGEN's
+``episode_ids`` de-duplication: an episode with more turns does not weigh more in its group's
+mean and std), and each turn row gets its episode's advantage on its answer tokens. GAE runs
+per row, the score on the answer's last token and the critic's values of that row (RAGEN
+places the episode score on each turn sample's last token). With the full context and
+trajectory-level advantages, the turn rows' policy gradient equals the trajectory rows' under
+token-mean aggregation (the same tokens, log-probs, advantages and token count;
+``tests/starpo/test_turn_rows.py``); sequence-mean modes weigh rows, so they differ.
 """
 
 from __future__ import annotations
@@ -28,7 +40,12 @@ from jax.sharding import Mesh
 
 from ragen_jax.models.lora import without_adapters
 from ragen_jax.starpo import gradient_analysis as grad_lib
-from ragen_jax.starpo.estimators import AdvantageInputs, AdvantageSettings, compute_advantages
+from ragen_jax.starpo.estimators import (
+    NEEDS_CRITIC,
+    AdvantageInputs,
+    AdvantageSettings,
+    compute_advantages,
+)
 from ragen_jax.starpo.losses import masked_mean
 from ragen_jax.starpo.update import (
     CriticBatch,
@@ -70,6 +87,17 @@ class Networks:
     critic_rest: Any = None
 
 
+SAMPLE_UNITS = ("trajectory", "turn")
+
+
+@flax.struct.dataclass
+class Episodes:
+    """Every episode of a step (all processes'), for turn rows' episode-level advantages."""
+
+    scores: jax.Array  # [E] float32
+    group_ids: jax.Array  # [E] int32, global group ids
+
+
 @flax.struct.dataclass
 class StepBatch:
     """One step's training rows, ``[B, L]`` token slots (real tokens a prefix per row)."""
@@ -89,6 +117,9 @@ class StepBatch:
     # each row's prefix ``prefixes[prefix_index[b]]`` (its group's first prompt).
     prefix_index: jax.Array | None = None  # [B] int32
     prefixes: Prefixes | None = None  # [G, P] token table, computed once per forward pass
+    # Turn rows (``sample_unit=turn``): each row's global episode, and every episode.
+    episode_index: jax.Array | None = None  # [B] int32
+    episodes: Episodes | None = None  # [E], replicated
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +134,7 @@ class StepSettings:
     epochs: int
     recompute_logprobs: bool
     gradient_buckets: int  # reward-std buckets of the gradient analysis
+    sample_unit: str = "trajectory"  # "trajectory" | "turn": what a row is (see the module docstring)
 
 
 def init_state(settings: StepSettings, actor: Any, critic: Any = None) -> TrainState:
@@ -158,8 +190,7 @@ def make_update(settings: StepSettings, networks: Networks, mesh: Mesh | None = 
         values = None
         if critic_step is not None:
             values = _critic_values(networks.critic, state.critic, critic_rest, batch, chunk)
-        adv, returns = compute_advantages(s.advantages, AdvantageInputs(
-            batch.token_rewards, mask, batch.turn_end, batch.scores, batch.group_ids), values)
+        adv, returns = step_advantages(s.advantages, batch, values)
         # A scale on the loss mask would cancel in token-mean aggregation; on the advantages
         # it is what RAGEN's filter_loss_scaling does.
         adv = adv * batch.advantage_scale[:, None]
@@ -195,6 +226,22 @@ def make_update(settings: StepSettings, networks: Networks, mesh: Mesh | None = 
     return call
 
 
+def step_advantages(settings: AdvantageSettings, batch: StepBatch, values: jax.Array | None = None
+                    ) -> tuple[jax.Array, jax.Array | None]:
+    """``(advantages [B, L], returns or None)`` of a step's rows. Turn rows with a
+    critic-free estimator: the estimator on the episodes (each once), each row then gets its
+    episode's advantage on its answer (see the module docstring)."""
+    mask = batch.loss_mask > 0
+    if batch.episodes is not None and settings.estimator not in NEEDS_CRITIC:
+        ep = batch.episodes
+        ones = jnp.ones((ep.scores.shape[0], 1), bool)
+        per_episode, _ = compute_advantages(settings, AdvantageInputs(
+            ep.scores[:, None], ones, ones.astype(jnp.float32), ep.scores, ep.group_ids))
+        return per_episode[batch.episode_index, :1] * mask, None
+    return compute_advantages(settings, AdvantageInputs(
+        batch.token_rewards, mask, batch.turn_end, batch.scores, batch.group_ids), values)
+
+
 def _critic_values(graphdef: Any, params: Any, rest: Any, batch: StepBatch, chunk: int) -> jax.Array:
     """The critic's values of the batch, ``chunk`` rows per forward pass.  # [B, L]"""
     model = nnx.merge(graphdef, params, rest)
@@ -223,7 +270,7 @@ def _train_critic(s: StepSettings, step: Callable, state: TrainState, rest: Any,
 def _chunked(fn: Callable[[StepBatch], jax.Array], batch: StepBatch, chunk: int) -> jax.Array:
     """``fn`` over consecutive ``chunk``-row slices of the batch (bounded activation memory),
     concatenated back to ``[B, L]``. The prefix table is not sliced (``fn`` gets it as None)."""
-    batch = batch.replace(prefixes=None)
+    batch = batch.replace(prefixes=None, episodes=None)
     rows = batch.input_ids.shape[0]
     if rows % chunk:
         chunk = rows
