@@ -184,6 +184,8 @@ class WarmstartConfig:
     steps: int = 0  # supervised warm-start steps before RL (tiny presets: > 0)
     batch_size: int = 16  # trajectories per warm-start step
     lr: float = 1e-3  # warm-start learning rate
+    turn_steps: int = 0  # steps on single-turn rows before `steps` on whole episodes (each answered turn's user block and answer, cut from the same episodes: short rows that teach reading the state)
+    turn_batch_size: int = 64  # single-turn rows per such step
     episodes: int = 256  # episodes generated for it
     legal_actions: bool = False  # draw only state-changing actions (no walking into walls)
     solver_share: float = 0.0  # share of actions that are the env's optimal move (BFS), the rest random legal; 0 = format only
@@ -193,8 +195,8 @@ class WarmstartConfig:
     def __post_init__(self):
         if not 0.0 <= self.solver_share <= 1.0:
             raise ConfigError(f"warmstart.solver_share must be in [0, 1], got {self.solver_share}")
-        _at_least("warmstart", self, ("steps",), 0)
-        _at_least("warmstart", self, ("batch_size", "episodes"), 1)
+        _at_least("warmstart", self, ("steps", "turn_steps"), 0)
+        _at_least("warmstart", self, ("batch_size", "episodes", "turn_batch_size"), 1)
 
     def seed_for(self, run_seed: int) -> int:
         """The seed of the warm-start's data and starting model in a run seeded ``run_seed``."""

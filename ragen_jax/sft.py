@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from ragen_jax.rollout.agent import AgentRollout, RolloutConfig, row_state
+from ragen_jax.rollout.batch import Episode
 from ragen_jax.rollout.context import ChatFormat, ContextConfig
 from ragen_jax.rollout.scripted import RandomActionPolicy, SolverMixturePolicy
 from ragen_jax.starpo.rows import after_prefix, group_prefix_lengths, prefix_table
@@ -42,7 +44,8 @@ from ragen_jax.starpo.update import Prefixes
 
 def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutConfig,
                    episodes: int, seed: int, *, legal_only: bool = False,
-                   solver_share: float = 0.0, metrics: dict | None = None) -> dict[str, np.ndarray]:
+                   solver_share: float = 0.0, metrics: dict | None = None,
+                   observation_rows: dict | None = None) -> dict[str, np.ndarray]:
     """Token arrays (``input_ids``, ``attention_mask``, ``position_ids``, ``loss_mask``,
     ``group_ids``) of about ``episodes`` episodes answered by ``RandomActionPolicy``.
 
@@ -61,7 +64,8 @@ def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutCon
     ignores ``legal_only``: its random moves are always legal): each action is the env's
     optimal move with that probability, which is meant to teach the task a little, as an
     instruct checkpoint knows it a little. ``metrics``, when given, receives the generated
-    episodes' rollout metrics (without the env tag: ``action_is_effective``, ``success``, ...).
+    episodes' rollout metrics (without the env tag: ``action_is_effective``, ``success``, ...);
+    ``observation_rows``, when given, receives the same episodes' ``turn_observation_rows``.
     """
     rollout = AgentRollout(env, env_params, tokenizer, config)
     _, first = rollout.reset_envs(np.zeros(1, np.int64))
@@ -79,9 +83,45 @@ def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutCon
         raise AssertionError("warm-start answers do not parse; the chat format changed?")
     if metrics is not None:
         metrics.update({k.split("/", 1)[-1]: v for k, v in batch.metrics.items()})
+    if observation_rows is not None:
+        observation_rows.update(turn_observation_rows(batch.episodes, rollout.chat,
+                                                      pad_multiple=config.pad_multiple))
     return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
             "position_ids": batch.position_ids, "loss_mask": batch.loss_mask,
             "group_ids": batch.group_ids}
+
+
+def turn_observation_rows(episodes: Sequence[Episode], chat: ChatFormat, *,
+                          pad_multiple: int = 64) -> dict[str, np.ndarray]:
+    """Short single-turn rows cut from played episodes: per answered turn, the chunk the
+    transcript inserts before it (glue, the turn's user block with its state, the assistant
+    header; no system message, no history, no reward line) followed by the answer as
+    sampled; ``loss_mask`` on the answer.
+
+    Why: a random-init tiny model learns to read the state from these ~80-token rows in a few
+    hundred steps, where the same labels inside ~500-token transcripts taught it nothing in
+    as many steps (``experiments/results/learning_curves.md``). The tokens of a row are the
+    ones its turn shows inside a transcript (``ChatFormat.next_chunk``), so what is learnt
+    there is read off the same text later."""
+    rows, masks = [], []
+    for ep in episodes:
+        for turn in range(1, len(ep.pieces) // 2 + 1):
+            head = chat.encode([chat.next_chunk(ep.blocks[turn - 1], emitted_eot=True)])[0]
+            answer = [int(i) for i in ep.answer_ids(turn)]
+            rows.append(head + answer)
+            masks.append([False] * len(head) + [True] * len(answer))
+    if not rows:
+        raise ValueError("no answered turn to cut observation rows from")
+    width = -(-max(map(len, rows)) // pad_multiple) * pad_multiple
+    out = {"input_ids": np.full((len(rows), width), chat.pad_id, np.int32),
+           "attention_mask": np.zeros((len(rows), width), bool),
+           "loss_mask": np.zeros((len(rows), width), bool)}
+    for b, (r, m) in enumerate(zip(rows, masks, strict=True)):
+        out["input_ids"][b, :len(r)] = r
+        out["attention_mask"][b, :len(r)] = True
+        out["loss_mask"][b, :len(r)] = m
+    out["position_ids"] = np.maximum(np.cumsum(out["attention_mask"], 1) - 1, 0).astype(np.int32)
+    return out
 
 
 def conversation_data(path: str | os.PathLike, tokenizer: Any, *, max_len: int,

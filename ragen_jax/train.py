@@ -206,7 +206,7 @@ class Trainer:
                                    lr=run.sft.lr, **fit)
             out["sft/loss_first"], out["sft/loss_last"] = losses[0], losses[-1]
         w = run.warmstart
-        if w.steps:
+        if w.steps or w.turn_steps:
             seed = w.seed_for(run.seed)
             tiny = not run.model.path and not run.model.lora_rank and not run.sft.steps
             if tiny and seed != run.seed:
@@ -246,14 +246,21 @@ class Trainer:
         from ragen_jax.sft import train_sft, warmstart_data
 
         stats: dict = {}
+        turns: dict | None = {} if w.turn_steps else None
         rollout = self.rollouts[self.tag]
         data = warmstart_data(rollout.env, rollout.env_params, self.tokenizer, self.plan.rollout,
                               episodes=w.episodes, seed=seed, legal_only=w.legal_actions,
-                              solver_share=w.solver_share, metrics=stats)
-        losses = train_sft(self.actor, data, steps=w.steps, batch_size=w.batch_size, lr=w.lr, **fit)
-        return {"warmstart/action_is_effective": stats["action_is_effective"],
-                "warmstart/data_success": stats["success"],
-                "warmstart/loss_first": losses[0], "warmstart/loss_last": losses[-1]}
+                              solver_share=w.solver_share, metrics=stats, observation_rows=turns)
+        out = {"warmstart/action_is_effective": stats["action_is_effective"],
+               "warmstart/data_success": stats["success"]}
+        if turns:
+            losses = train_sft(self.actor, turns, steps=w.turn_steps, batch_size=w.turn_batch_size,
+                               lr=w.lr, **fit)
+            out |= {"warmstart/turn_loss_first": losses[0], "warmstart/turn_loss_last": losses[-1]}
+        if w.steps:
+            losses = train_sft(self.actor, data, steps=w.steps, batch_size=w.batch_size, lr=w.lr, **fit)
+            out |= {"warmstart/loss_first": losses[0], "warmstart/loss_last": losses[-1]}
+        return out
 
     def _init_state(self) -> None:
         """The step-0 ``TrainState`` of the actor as it is now, and the update for it."""
@@ -309,7 +316,8 @@ class Trainer:
         if self.maybe_resume():
             self.log(f"resumed from {self.store.path}/{self.step}")
             return {"resumed_from": self.step}
-        metrics = self.warmstart() if (self.run.warmstart.steps or self.run.sft.steps) else {}
+        w = self.run.warmstart
+        metrics = self.warmstart() if (w.steps or w.turn_steps or self.run.sft.steps) else {}
         if self.run.trainer.val_before_train:
             self._validate_and_record(metrics)
         self.logger.log(0, metrics)

@@ -91,6 +91,38 @@ def test_warmstart_answers_every_prompt_with_every_action_first(tok):
         assert prompt[0] == prompt[1] and a != b, (a, b)
 
 
+def _contains(seq: list[int], sub: list[int]) -> bool:
+    return any(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
+
+
+def test_turn_observation_rows_are_each_turn_as_its_transcript_shows_it(tok):
+    """One row per answered turn: the turn's user block (as the transcript tokenises it, with
+    no system message or history before it) and then the very answer ids of that turn."""
+    env, params = make("frozenlake", success_rate=1.0, observation_format="coord")
+    cfg = RolloutConfig(max_turn=3, response_length=24, enable_think=False)
+    rows: dict = {}
+    data = warmstart_data(env, params, tok, cfg, episodes=8, seed=0, solver_share=0.5,
+                          observation_rows=rows)
+    answers = []  # every answer of every transcript, in order
+    for ids, mask in zip(data["input_ids"], data["loss_mask"], strict=True):
+        edges = np.nonzero(np.diff(np.r_[0, mask.astype(int), 0]))[0]
+        answers += [ids[a:b].tolist() for a, b in zip(edges[::2], edges[1::2], strict=True)]
+    assert rows["input_ids"].shape[0] == len(answers) > data["input_ids"].shape[0]
+    glue = len(tok("\n<|im_start|>user\n", add_special_tokens=False)["input_ids"])
+    for r in range(len(answers)):
+        attn, mask = rows["attention_mask"][r], rows["loss_mask"][r]
+        ids = rows["input_ids"][r][attn].tolist()
+        assert rows["input_ids"][r][mask].tolist() == answers[r]  # the answer as sampled
+        head = ids[:int(np.argmax(mask[attn]))]
+        text = tok.decode(head)
+        assert "State:" in text and "system" not in text and "Turn" in text
+        assert text.startswith("\n<|im_start|>user\n") and text.endswith("assistant\n<answer>")
+        # the state and the assistant header are token for token what the transcript holds
+        transcript = data["input_ids"][[i for i, m in enumerate(data["loss_mask"]) if m.any()]]
+        body = head[glue:]
+        assert any(_contains(t.tolist(), body) for t in transcript), text
+
+
 def test_train_sft_lowers_the_loss_and_updates_the_model(tok):
     env, params = make("bandit")
     cfg = RolloutConfig(max_turn=1, max_actions_per_traj=1, response_length=16,
