@@ -83,21 +83,22 @@ class Sokoban(TextEnv[EnvState, EnvParams]):
     Differences from RAGEN, all deliberate:
 
     - Action ids are 0-3 (RAGEN: 1-4); the names and their order are the same.
-    - RAGEN's reverse play is a depth-first search over pull sequences (depth
-      ``search_depth``, at most 300k states) that keeps the state maximising
-      ``box_swaps * total box displacement`` with all targets uncovered. Here ``num_walks``
-      random reverse walks of ``min(walk_length, search_depth - 2)`` pulls run in parallel on
-      device (each step takes a random available pull with probability ``pull_bias``) and the
-      best-scoring state over all of them is kept, with the same score. For RAGEN's configs
-      (6x6 with 1 box, depth 300; 8x8 with 2 boxes, depth 10) the optimal solution lengths
-      match a RAGEN-style generator closely; a deep search with several boxes (8x8, 2 boxes,
-      depth 300) gives easier levels than RAGEN's exhaustive DFS. See
-      ``experiments/bench_envs.py``.
+    - RAGEN's reverse play is a depth-first search over moves (``search_depth``, at most 300k
+      states; moving away from a box pulls it) that keeps the state maximising ``box_swaps *
+      total box displacement`` with all targets uncovered. Here ``num_walks`` walks of at most
+      ``num_pulls`` pulls run in parallel on device (``_reverse_search``): each step walks the
+      player along a shortest path to a box and pulls it, the moves counted against RAGEN's
+      ``search_depth - 2``; every state reached (with ``lookahead``, every state one pull
+      away) gets RAGEN's score and the best is kept. The defaults by number of boxes and depth
+      are calibrated so that BFS-optimal solution lengths match a RAGEN-style generator at
+      6x6/1, 8x8/2 and 10x10/3 boxes, depths 10 and 300
+      (``experiments/results/bench_envs_sokoban.md``, which also says where they fall short).
     - Retries are deterministic: ``num_layouts`` cheap layouts are drawn per try and reverse
-      play runs on the first where some box can be pulled; a try that still fails repeats from
-      ``fold_in(key, try)``, at most ``max_tries`` times (a level whose every try failed would
-      start solved; ``generate_level`` reports it, and none occurred in the tests' or the
-      benchmark's samples). RAGEN retries from Python's per-process salted ``hash``.
+      play runs on the first ``searches_per_try`` where some box can be pulled; a try that
+      still fails repeats from ``fold_in(key, try)``, at most ``max_tries`` times. A level
+      whose every try failed is ``fallback_level`` (each box one push from its target), never
+      a solved one; ``generate_level`` reports it. RAGEN retries from Python's per-process
+      salted ``hash``.
     - The observation for the agent is built host side by ``render_text``; ``get_obs``
       returns the RAGEN ``room_state`` codes (plus 6 = player on target) as a device array
       for non-LLM agents.
