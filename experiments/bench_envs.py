@@ -165,12 +165,6 @@ def generate_levels(source: str, dim, num_boxes: int, search_depth: int, n: int)
     return levels, n / (time.perf_counter() - start)
 
 
-def solution_lengths(source: str, dim, num_boxes: int, search_depth: int, n: int) -> list[int]:
-    """Optimal solution lengths of ``n`` levels from ``source``: ours, gym-sokoban, ragen-style."""
-    levels, _ = generate_levels(source, dim, num_boxes, search_depth, n)
-    return [len(solve(*level)) for level in levels]
-
-
 # Sokoban difficulty parity (issue 21): RAGEN's LargerSokoban-like settings with 1-3 boxes, at
 # RAGEN's two search depths. gym-sokoban's generate_room always searches to depth 300; at 10x10
 # with 3 boxes it makes under one level a second, so it is timed on a few levels only.
