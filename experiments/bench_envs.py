@@ -8,14 +8,17 @@ Measures, on this machine and in one run:
   ``SokobanEnv.step`` and ``generate_room``, and a RAGEN-style generator
   (``ragen_style_generator.py``);
 - the distribution of optimal solution lengths (BFS) of our levels next to gym-sokoban's and
-  the RAGEN-style generator's, at the same settings;
+  the RAGEN-style generator's, at 6x6/1, 8x8/2 and 10x10/3 boxes and search depths 10 and 300,
+  with each generator's levels/s (``sokoban_difficulty_rows``);
 - host envs (``envs.host``: Countdown, Sudoku) against the JAX envs in episodes/s, called
   directly and through the rollout's env drivers, and the share of a tiny rollout's wall time
   spent in the env calls (``host_env_rows``).
 
 Writes ``experiments/results/bench_envs.md`` and ``bench_envs_solution_lengths.png`` and prints
 the tables. ``--quick`` runs smaller sizes (a smoke test, a minute or two); ``--host-only``
-runs only the host-env section and writes ``experiments/results/bench_envs_host.md``.
+runs only the host-env section and writes ``experiments/results/bench_envs_host.md``;
+``--sokoban-only`` only the Sokoban difficulty section (``bench_envs_sokoban.md``, about ten
+minutes on two cores with the default 300 levels per cell; ``--levels`` sets that number).
 
     pip install -e ".[bench]" && python experiments/bench_envs.py
 """
@@ -123,16 +126,22 @@ def python_sokoban_rates(n_steps: int = 20000) -> dict[str, float]:
             "gym-sokoban levels/s": gym_gen}
 
 
-def solution_lengths(source: str, dim, num_boxes: int, search_depth: int, n: int) -> list[int]:
-    """Optimal solution lengths of ``n`` levels from ``source``: ours, gym-sokoban, ragen-style."""
+def generate_levels(source: str, dim, num_boxes: int, search_depth: int, n: int):
+    """``n`` levels from ``source`` (ours, gym-sokoban, ragen-style) as (room_fixed, boxes,
+    player), and the levels/s of making them (ours: a ``vmap``ped, jitted reset of the whole
+    batch, compile excluded; the others: a plain loop, failed seeds included in the time)."""
     levels = []
     if source == "ragen_jax":
         env, params = make("sokoban", dim_room=dim, num_boxes=num_boxes, search_depth=search_depth)
-        _, states = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))(
-            jax.random.split(jax.random.key(123), n), params)
+        reset = jax.jit(jax.vmap(env.reset, in_axes=(0, None)))
+        keys = jax.random.split(jax.random.key(123), n)
+        batch = max(n, 512)  # the rate of a batch of at least 512 levels
+        seconds = _time(reset, jax.random.split(jax.random.key(7), batch), params, repeats=2)
+        _, states = reset(keys, params)
         host = jax.device_get(states)
-        levels = [(host.room_fixed[i], host.boxes[i], host.player[i]) for i in range(n)]
-    elif source == "gym-sokoban":
+        return [(host.room_fixed[i], host.boxes[i], host.player[i]) for i in range(n)], batch / seconds
+    start = time.perf_counter()
+    if source == "gym-sokoban":  # always searches to depth 300
         from gym_sokoban.envs import room_utils
         seed = 0
         while len(levels) < n:
@@ -153,7 +162,60 @@ def solution_lengths(source: str, dim, num_boxes: int, search_depth: int, n: int
             seed += 1
             if level is not None:
                 levels.append(level)
-    return [len(solve(*level)) for level in levels]
+    return levels, n / (time.perf_counter() - start)
+
+
+# Sokoban difficulty parity (issue 21): RAGEN's LargerSokoban-like settings with 1-3 boxes, at
+# RAGEN's two search depths. gym-sokoban's generate_room always searches to depth 300; at 10x10
+# with 3 boxes it makes under one level a second, so it is timed on a few levels only.
+DIFFICULTY_SETTINGS = [((6, 6), 1), ((8, 8), 2), ((10, 10), 3)]
+DIFFICULTY_DEPTHS = (10, 300)
+
+
+def sokoban_difficulty_rows(n_levels: int, gym_levels: int) -> tuple[list[str], dict]:
+    """Per setting and depth: BFS-optimal solution lengths of ``n_levels`` of our levels and of
+    the RAGEN-style generator's (and gym-sokoban's at depth 300, ``gym_levels`` of them), and
+    levels/s of each generator."""
+    lines = [f"## Sokoban difficulty: BFS-optimal solution lengths ({n_levels} levels per cell) "
+             "and generation speed", "",
+             "Ours: the on-device reverse search (`vmap`ped reset of the whole batch, jitted, "
+             "compile excluded). RAGEN-style: `experiments/ragen_style_generator.py` (RAGEN's "
+             "reverse DFS at the given depth). gym-sokoban: `room_utils.generate_room` (depth "
+             f"300 whatever the setting; {gym_levels} levels). *Within 10%*: our median and p90 "
+             "each within 10% of the RAGEN-style generator's. Speeds include failed seeds for the "
+             "plain-Python generators.", "",
+             "| setting | ours median / p90 (mean) | RAGEN-style median / p90 (mean) | "
+             "gym-sokoban median / p90 (mean) | within 10% | ours levels/s | RAGEN-style levels/s "
+             "| gym `generate_room` levels/s | ours / `generate_room` | ours / RAGEN-style |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    all_lengths = {}
+    gym_rates = {}
+    for dim, boxes in DIFFICULTY_SETTINGS:
+        gym_n = gym_levels if boxes < 3 else 3
+        gym_levels_made, gym_rates[dim] = generate_levels("gym-sokoban", dim, boxes, 300, gym_n)
+        gym_lengths = [len(solve(*level)) for level in gym_levels_made] if boxes < 3 else None
+        for depth in DIFFICULTY_DEPTHS:
+            setting = f"{dim[0]}x{dim[1]}, {boxes} box(es), search_depth {depth}"
+            stats, rates = {}, {}
+            for source in ("ragen_jax", "ragen-style"):
+                levels, rates[source] = generate_levels(source, dim, boxes, depth, n_levels)
+                lengths = [len(solve(*level)) for level in levels]
+                all_lengths[(setting, source)] = lengths
+                stats[source] = (np.median(lengths), np.percentile(lengths, 90), np.mean(lengths))
+            if depth == 300 and gym_lengths is not None:
+                all_lengths[(setting, "gym-sokoban")] = gym_lengths
+            ours, ref = stats["ragen_jax"], stats["ragen-style"]
+            within = all(abs(o - r) <= 0.1 * r for o, r in zip(ours[:2], ref[:2], strict=True))
+            gym = (f"{np.median(gym_lengths):.0f} / {np.percentile(gym_lengths, 90):.0f} "
+                   f"({np.mean(gym_lengths):.2f})" if depth == 300 and gym_lengths else "-")
+            lines.append(
+                f"| {setting} | {ours[0]:.0f} / {ours[1]:.1f} ({ours[2]:.2f}) | "
+                f"{ref[0]:.0f} / {ref[1]:.1f} ({ref[2]:.2f}) | {gym} | {'yes' if within else 'NO'} | "
+                f"{_fmt(rates['ragen_jax'])} | {_fmt(rates['ragen-style'])} | {_fmt(gym_rates[dim])} | "
+                f"{rates['ragen_jax'] / gym_rates[dim]:.0f}x | "
+                f"{rates['ragen_jax'] / rates['ragen-style']:.1f}x |")
+            print(lines[-1], flush=True)
+    return lines, all_lengths
 
 
 def ragen_style_rate(dim, num_boxes, search_depth, seconds: float = 5.0) -> float:
@@ -313,14 +375,41 @@ def _fmt(x: float) -> str:
     return f"{x:,.0f}" if x >= 100 else f"{x:.2f}"
 
 
+def _plot(all_lengths: dict) -> None:
+    """Histograms of optimal solution lengths per setting: bench_envs_solution_lengths.png."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot")
+        return
+    names = list(dict.fromkeys(k[0] for k in all_lengths))
+    cols = 3 if len(names) > 3 else len(names)
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.5 * rows), squeeze=False)
+    for ax, setting in zip(axes.reshape(-1), names, strict=False):
+        for (s, source), lengths in all_lengths.items():
+            if s == setting:
+                ax.hist(lengths, bins=range(0, max(lengths) + 2), alpha=0.5, label=source, density=True)
+        ax.set_title(setting, fontsize=9)
+        ax.set_xlabel("optimal solution length (steps)")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(RESULTS / "bench_envs_solution_lengths.png", dpi=100)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
     parser.add_argument("--host-only", action="store_true",
                         help="only the host-env section (bench_envs_host.md)")
+    parser.add_argument("--sokoban-only", action="store_true",
+                        help="only the Sokoban difficulty section (bench_envs_sokoban.md)")
+    parser.add_argument("--levels", type=int, default=None, help="levels per difficulty cell")
     args = parser.parse_args()
     sizes = [1, 64] if args.quick else [1, 64, 1024, 4096]
-    n_levels = 30 if args.quick else 300
+    n_levels = args.levels or (30 if args.quick else 300)
     RESULTS.mkdir(parents=True, exist_ok=True)
     lines = [f"# bench_envs ({jax.devices()[0].device_kind}, {os.cpu_count()} cores, "
              f"jax {jax.__version__})", ""]
@@ -328,6 +417,14 @@ def main() -> None:
         lines += host_env_rows(args.quick)
         (RESULTS / "bench_envs_host.md").write_text("\n".join(lines) + "\n")
         print(f"wrote {RESULTS / 'bench_envs_host.md'}")
+        return
+
+    if args.sokoban_only:
+        difficulty, all_lengths = sokoban_difficulty_rows(n_levels, 40 if args.quick else 300)
+        lines += difficulty
+        (RESULTS / "bench_envs_sokoban.md").write_text("\n".join(lines) + "\n")
+        _plot(all_lengths)
+        print(f"wrote {RESULTS / 'bench_envs_sokoban.md'}")
         return
 
     lines += ["## Throughput (vmapped, jitted, `lax.scan`; random actions)", "",
@@ -358,42 +455,11 @@ def main() -> None:
               f"{_fmt(ours['resets/s'])} | {ours['resets/s'] / rs_6:.0f}x |"]
     print("\n".join(lines[-7:]), flush=True)
 
-    lines += ["", f"## Optimal solution lengths (BFS), {n_levels} levels each", "",
-              "| setting | generator | mean | p10 | p25 | median | p75 | p90 |",
-              "|---|---|---|---|---|---|---|---|"]
-    settings = [((6, 6), 1, 300, ("ragen_jax", "ragen-style", "gym-sokoban")),
-                ((8, 8), 2, 300, ("ragen_jax", "ragen-style", "gym-sokoban")),
-                ((8, 8), 2, 10, ("ragen_jax", "ragen-style"))]
-    all_lengths = {}
-    for dim, boxes, depth, sources in settings:
-        for source in sources:
-            lengths = solution_lengths(source, dim, boxes, depth, n_levels)
-            setting = f"{dim[0]}x{dim[1]}, {boxes} box(es), search_depth {depth}"
-            all_lengths[(setting, source)] = lengths
-            q = np.percentile(lengths, [10, 25, 50, 75, 90])
-            lines.append(f"| {setting} | {source} | {np.mean(lengths):.2f} | "
-                         + " | ".join(f"{v:.0f}" for v in q) + " |")
-            print(lines[-1], flush=True)
-
+    difficulty, all_lengths = sokoban_difficulty_rows(n_levels, 40 if args.quick else 300)
+    lines += [""] + difficulty
     lines += [""] + host_env_rows(args.quick)
     (RESULTS / "bench_envs.md").write_text("\n".join(lines) + "\n")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        names = [s for s in dict.fromkeys(k[0] for k in all_lengths)]
-        fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 3.5))
-        for ax, setting in zip(axes, names, strict=True):
-            for (s, source), lengths in all_lengths.items():
-                if s == setting:
-                    ax.hist(lengths, bins=range(0, max(lengths) + 2), alpha=0.5, label=source, density=True)
-            ax.set_title(setting, fontsize=9)
-            ax.set_xlabel("optimal solution length (steps)")
-            ax.legend()
-        fig.tight_layout()
-        fig.savefig(RESULTS / "bench_envs_solution_lengths.png", dpi=100)
-    except ImportError:
-        print("matplotlib missing: no plot")
+    _plot(all_lengths)
     print(f"wrote {RESULTS / 'bench_envs.md'}")
 
 

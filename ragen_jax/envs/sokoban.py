@@ -18,7 +18,7 @@ from flax import struct
 from gymnax.environments import spaces
 
 from ragen_jax.envs.base import TextEnv
-from ragen_jax.envs.grid import reachable, shift
+from ragen_jax.envs.grid import reachable
 
 # Fixed cells (``room_fixed``).
 WALL, FLOOR, TARGET = 0, 1, 2
@@ -37,6 +37,9 @@ GRID_VOCABS = {"default": GRID_VOCAB, "alt": ALT_GRID_VOCAB}
 SYMBOL_MEANINGS = {WALL: "wall", FLOOR: "empty", TARGET: "target", BOX_ON_TARGET: "box on target",
                    BOX: "box", PLAYER: "player", PLAYER_ON_TARGET: "player on target"}
 OBSERVATION_FORMATS = ("grid", "coord", "grid_coord")
+
+# (walks, pulls per walk) of the reverse search for 1, 2, 3 and more boxes (see ``Sokoban``).
+_SEARCH_EFFORT = ((2, 8), (16, 16), (64, 72))
 
 # gym-sokoban's five 3x3 floor stamps for the topology random walk.
 _STAMPS = np.array([
@@ -80,21 +83,22 @@ class Sokoban(TextEnv[EnvState, EnvParams]):
     Differences from RAGEN, all deliberate:
 
     - Action ids are 0-3 (RAGEN: 1-4); the names and their order are the same.
-    - RAGEN's reverse play is a depth-first search over pull sequences (depth
-      ``search_depth``, at most 300k states) that keeps the state maximising
-      ``box_swaps * total box displacement`` with all targets uncovered. Here ``num_walks``
-      random reverse walks of ``min(walk_length, search_depth - 2)`` pulls run in parallel on
-      device (each step takes a random available pull with probability ``pull_bias``) and the
-      best-scoring state over all of them is kept, with the same score. For RAGEN's configs
-      (6x6 with 1 box, depth 300; 8x8 with 2 boxes, depth 10) the optimal solution lengths
-      match a RAGEN-style generator closely; a deep search with several boxes (8x8, 2 boxes,
-      depth 300) gives easier levels than RAGEN's exhaustive DFS. See
-      ``experiments/bench_envs.py``.
+    - RAGEN's reverse play is a depth-first search over moves (``search_depth``, at most 300k
+      states; moving away from a box pulls it) that keeps the state maximising ``box_swaps *
+      total box displacement`` with all targets uncovered. Here ``num_walks`` walks of at most
+      ``num_pulls`` pulls run in parallel on device (``_reverse_search``): each step walks the
+      player along a shortest path to a box and pulls it, the moves counted against RAGEN's
+      ``search_depth - 2``; every state reached (with ``lookahead``, every state one pull
+      away) gets RAGEN's score and the best is kept. The defaults by number of boxes and depth
+      are calibrated so that BFS-optimal solution lengths match a RAGEN-style generator at
+      6x6/1, 8x8/2 and 10x10/3 boxes, depths 10 and 300
+      (``experiments/results/bench_envs_sokoban.md``, which also says where they fall short).
     - Retries are deterministic: ``num_layouts`` cheap layouts are drawn per try and reverse
-      play runs on the first where some box can be pulled; a try that still fails repeats from
-      ``fold_in(key, try)``, at most ``max_tries`` times (a level whose every try failed would
-      start solved; ``generate_level`` reports it, and none occurred in the tests' or the
-      benchmark's samples). RAGEN retries from Python's per-process salted ``hash``.
+      play runs on the first ``searches_per_try`` where some box can be pulled; a try that
+      still fails repeats from ``fold_in(key, try)``, at most ``max_tries`` times. A level
+      whose every try failed is ``fallback_level`` (each box one push from its target), never
+      a solved one; ``generate_level`` reports it. RAGEN retries from Python's per-process
+      salted ``hash``.
     - The observation for the agent is built host side by ``render_text``; ``get_obs``
       returns the RAGEN ``room_state`` codes (plus 6 = player on target) as a device array
       for non-LLM agents.
@@ -108,10 +112,12 @@ class Sokoban(TextEnv[EnvState, EnvParams]):
         dim_room: tuple[int, int] = (6, 6),
         num_boxes: int = 1,
         search_depth: int = 300,
-        num_walks: int = 8,
-        walk_length: int = 25,
-        pull_bias: float = 0.5,
+        num_walks: int | None = None,
+        num_pulls: int | None = None,
+        greedy: float | None = None,
+        lookahead: bool | None = None,
         num_layouts: int = 6,
+        searches_per_try: int | None = None,
         max_tries: int = 32,
         observation_format: str = "grid",
         grid_vocab: str = "default",
@@ -132,10 +138,26 @@ class Sokoban(TextEnv[EnvState, EnvParams]):
         self.dim_room = (height, width)
         self.num_boxes = int(num_boxes)
         self.search_depth = int(search_depth)
-        self.num_walks = int(num_walks)
-        self.walk_length = max(1, min(int(walk_length), self.search_depth - 2))
-        self.pull_bias = float(pull_bias)
+        if num_boxes > width - 2:
+            raise ValueError(f"sokoban: num_boxes must be at most width - 2 = {width - 2}, got {num_boxes}")
+        # Reverse-search effort, calibrated so that the optimal solution lengths match RAGEN's
+        # DFS (experiments/bench_envs.py): (walks, pulls per walk) by number of boxes. A shallow
+        # search (under 16 moves) is weaker in RAGEN (its DFS marks a state explored on the
+        # first, often deepest, path that reaches it), so one unbiased walk with one box.
+        budget = self.search_depth - 2
+        shallow = budget < 16
+        walks, pulls = _SEARCH_EFFORT[min(num_boxes, len(_SEARCH_EFFORT)) - 1]
+        one_shallow = num_boxes == 1 and shallow
+        self.num_walks = int(num_walks if num_walks is not None
+                             else 1 if one_shallow else 16 if shallow else walks)
+        self.num_pulls = int(num_pulls if num_pulls is not None else min(budget, pulls))
+        self.greedy = float(greedy if greedy is not None else 0.0 if one_shallow else 0.5)
+        self.lookahead = bool(lookahead if lookahead is not None else num_boxes > 1)
         self.num_layouts = int(num_layouts)
+        # With several boxes a search can fail to uncover every target (shallow ones often do,
+        # RAGEN's too); searching a few layouts per try keeps the batched retry loop short.
+        self.searches_per_try = int(searches_per_try if searches_per_try is not None
+                                    else 1 if num_boxes == 1 else 4 if shallow else 2)
         self.max_tries = int(max_tries)
         self.num_gen_steps = int(1.7 * (height + width))
         self.observation_format = observation_format
@@ -180,8 +202,10 @@ class Sokoban(TextEnv[EnvState, EnvParams]):
         """Generates a level from ``key`` (the same key always gives the same level)."""
         del params
         _, state = generate_level(
-            key, self.dim_room, self.num_boxes, self.num_gen_steps, self.num_walks,
-            self.walk_length, self.pull_bias, self.num_layouts, self.max_tries)
+            key, self.dim_room, self.num_boxes, self.num_gen_steps, self.search_depth,
+            self.num_walks, self.num_pulls, self.greedy, self.lookahead, self.num_layouts,
+            self.searches_per_try,
+            self.max_tries)
         return self.get_obs(state), state
 
     def is_terminated(self, state: EnvState, params: EnvParams) -> jax.Array:
@@ -337,64 +361,113 @@ def topology_from_draws(dim_room: tuple[int, int], start: jax.Array, first_direc
     return level & interior
 
 
-def _reverse_walks(key, floor, player, targets, num_walks, walk_length, pull_bias):
-    """Random reverse play from the solved position: each step tries to *pull*: the player
-    steps to a free cell and drags the box behind it, if any.
+_UNREACHED = 1 << 20
 
-    Tracks RAGEN's score ``box_swaps * sum |box - its target|_1`` (zero unless every target is
-    uncovered; a swap is a pull of a different box than the previous pull) and returns the
-    best state over all walks and steps, as (score, player [2], boxes [N, 2]).
+
+def _row_bits(mask: jax.Array) -> jax.Array:
+    """A [..., H, W] bool grid as per-row bit masks (bit c = column c).  # [..., H] int32"""
+    width = mask.shape[-1]
+    return jnp.sum(mask.astype(jnp.int32) << jnp.arange(width, dtype=jnp.int32), -1)
+
+
+def _bit(rows: jax.Array, cells: jax.Array) -> jax.Array:
+    """The bits of ``cells`` [..., 2] in the row masks ``rows`` [H].  # [...] int32 (0 or 1)"""
+    return (rows[cells[..., 0]] >> cells[..., 1]) & 1
+
+
+def _distances(passable: jax.Array, start: jax.Array, cells: jax.Array, max_dist: int) -> jax.Array:
+    """Walking distance from ``start`` [2] to each of ``cells`` [C, 2] through the ``passable``
+    row masks [H] (breadth-first, a layer per iteration, on bit masks); ``_UNREACHED`` beyond
+    ``max_dist`` or where no path exists.  # [C] int32"""
+    height = passable.shape[0]
+    zero = jnp.zeros(1, jnp.int32)
+    reach = jnp.zeros(height, jnp.int32).at[start[0]].set(1 << start[1])
+    dist = jnp.where(_bit(reach, cells) == 1, 0, _UNREACHED)
+
+    def layer(carry):
+        reach, dist, i, _ = carry
+        grown = reach | (reach << 1) | (reach >> 1)
+        grown = grown | jnp.concatenate([reach[1:], zero]) | jnp.concatenate([zero, reach[:-1]])
+        grown = (grown & passable) | reach
+        dist = jnp.where((dist == _UNREACHED) & (_bit(grown, cells) == 1), i + 1, dist)
+        return grown, dist, i + 1, jnp.any(grown != reach)
+
+    _, dist, _, _ = jax.lax.while_loop(lambda c: c[3] & (c[2] < max_dist), layer,
+                                       (reach, dist, jnp.int32(0), jnp.bool_(True)))
+    return dist
+
+
+def _reverse_search(key, floor, player, targets, num_walks, num_pulls, budget, greedy, lookahead):
+    """Reverse play from the solved position, emulating the outcome of RAGEN's depth-first
+    search: ``num_walks`` independent walks of at most ``num_pulls`` pulls each, in parallel.
+
+    A step of a walk is one *pull*: the player walks (shortest path, pulling nothing) to a cell
+    next to a box and steps away from it, dragging the box one cell. Walking plus pulling costs
+    moves; a walk stops when no pull fits in ``budget`` moves (RAGEN's DFS reaches states at most
+    ``search_depth - 2`` moves deep). The pull is random among those available, restricted with
+    probability ``greedy`` to those taking the box further from its target. Every state a pull
+    leads to (with ``lookahead``, also the pulls not followed) is scored like RAGEN's room score: ``box_swaps * sum |box - its
+    target|_1`` (zero while a box or the player covers a target; a swap is a pull of another box
+    than the previous pull). Returns the best over all walks: (score, player [2], boxes [N, 2]).
     """
     height, width = floor.shape
-    num_boxes = targets.shape[0]
+    n = targets.shape[0]
     deltas = jnp.asarray(DELTAS)
-    # One word per walk step: bits 0-1 the random action, 8-15 the pull coin, 16-31 four 4-bit
-    # tie-breaking values for choosing among the available pulls.
-    bits = jax.random.bits(key, (walk_length, num_walks))
-    random_action = (bits & 3).astype(jnp.int32)
-    prefer_pull = ((bits >> 8) & 0xFF) < int(round(pull_bias * 256))
-    pull_noise = ((bits[..., None] >> (16 + 4 * jnp.arange(4))) & 0xF).astype(jnp.int32)
+    floor_rows = _row_bits(floor)
+    target_rows = _row_bits(jnp.zeros((height, width), bool).at[targets[:, 0], targets[:, 1]].set(True))
+    max_dist = min(budget, (height - 2) * (width - 2))
+    # Per walk step: 16-bit tie-breaking noise per candidate pull; bits 16-23 of the first word
+    # are the greedy coin.
+    bits = jax.random.bits(key, (num_pulls, num_walks, 4 * n))
+    noise = (bits & 0xFFFF).astype(jnp.int32)
+    greedy_coin = ((bits[..., 0] >> 16) & 0xFF) < int(round(greedy * 256))
+    which = jnp.arange(4 * n) // 4  # candidate pull c moves box c // 4 in direction c % 4
+    tgt = targets[which]
+    limit = jnp.array([height - 1, width - 1])
 
-    def pull(carry, xs):  # one step of every walk
-        pos, boxes, last, swaps, best = carry  # [K,2] [K,N,2] [K] [K] (score, pos, boxes)
-        action, prefer, noise = xs  # [K], [K], [K, 4]
-        # With probability pull_bias, make a random one of the available pulls (if any).
-        behind = pos[:, None, :] - deltas[None]  # [K, 4, 2]
-        box_behind = jnp.all(boxes[:, None, :, :] == behind[:, :, None, :], -1).any(-1)  # [K, 4]
-        ahead = jnp.clip(pos[:, None, :] + deltas[None], 0, jnp.array([height - 1, width - 1]))
-        box_ahead = jnp.all(boxes[:, None, :, :] == ahead[:, :, None, :], -1).any(-1)
-        can_pull = box_behind & floor[ahead[..., 0], ahead[..., 1]] & ~box_ahead  # [K, 4]
-        some_pull = jnp.argmax(jnp.where(can_pull, noise, -1), -1)
-        action = jnp.where(prefer & can_pull.any(-1), some_pull, action)
-        delta = deltas[action]  # [K, 2]
-        nxt = pos + delta
-        nxt_c = jnp.clip(nxt, 0, jnp.array([height - 1, width - 1]))
-        box_at_nxt = jnp.all(boxes == nxt[:, None, :], axis=-1).any(-1)
-        free = floor[nxt_c[:, 0], nxt_c[:, 1]] & ~box_at_nxt  # [K]
-        pulled = jnp.all(boxes == (pos - delta)[:, None, :], axis=-1) & free[:, None]  # [K, N]
-        boxes = jnp.where(pulled[..., None], pos[:, None, :], boxes)
-        pos = jnp.where(free[:, None], nxt, pos)
-        any_pulled = pulled.any(-1)
-        which = jnp.argmax(pulled, axis=-1)
-        swaps = swaps + (any_pulled & (which != last))
-        last = jnp.where(any_pulled, which, last)
-        displacement = jnp.abs(boxes - targets[None]).sum((-1, -2))
-        covered = jnp.all(boxes[:, :, None, :] == targets[None, None], axis=-1).any((1, 2))
-        score = jnp.where(covered, 0, swaps * displacement)
-        best_score, best_pos, best_boxes = best
-        better = score > best_score
-        best = (jnp.where(better, score, best_score),
-                jnp.where(better[:, None], pos, best_pos),
-                jnp.where(better[:, None, None], boxes, best_boxes))
-        return (pos, boxes, last, swaps, best), None
+    def pull(carry, xs):
+        pos, boxes, moves, last, swaps, best = carry
+        noise, coin = xs
+        on_target = _bit(target_rows, boxes) == 1  # [N]
+        passable = floor_rows & ~_row_bits(jnp.zeros((height, width), bool).at[boxes[:, 0], boxes[:, 1]].set(True))
+        old = boxes[which]  # [4N, 2]
+        stand = old + deltas[jnp.arange(4 * n) % 4]  # the box's new cell; the player walks here
+        dest = jnp.clip(stand + deltas[jnp.arange(4 * n) % 4], 0, limit)  # where the player ends
+        dist = _distances(passable, pos, stand, max_dist)
+        ok = ((_bit(passable, stand) == 1) & (_bit(passable, dest) == 1)
+              & (moves + dist + 1 <= budget))
+        # Score every reachable next state.
+        old_d = jnp.abs(old - tgt).sum(-1)
+        new_d = jnp.abs(stand - tgt).sum(-1)
+        others_cover = jnp.stack([jnp.any(on_target & (jnp.arange(n) != i)) for i in range(n)])
+        covered = others_cover[which] | (_bit(target_rows, stand) == 1) | (_bit(target_rows, dest) == 1)
+        cand_score = (swaps + (which != last)) * (jnp.abs(boxes - targets).sum() - old_d + new_d)
+        cand_score = jnp.where(ok & ~covered, cand_score, 0)
+        top = jnp.argmax(cand_score)
+        # Follow one of them.
+        c = jnp.argmax(jnp.where(ok, noise + jnp.where(coin & (new_d > old_d), 1 << 16, 0), -1))
+        top = top if lookahead else c
+        better = cand_score[top] > best[0]
+        top_boxes = jnp.where((jnp.arange(n) == which[top])[:, None], stand[top], boxes)
+        best = (jnp.where(better, cand_score[top], best[0]), jnp.where(better, dest[top], best[1]),
+                jnp.where(better, top_boxes, best[2]))
+        go = ok[c]
+        boxes = jnp.where(go & (jnp.arange(n) == which[c])[:, None], stand[c], boxes)
+        pos = jnp.where(go, dest[c], pos)
+        moves = moves + jnp.where(go, dist[c] + 1, budget)  # a walk with no pull left stops
+        swaps = swaps + (go & (which[c] != last))
+        last = jnp.where(go, which[c], last)
+        return (pos, boxes, moves, last, swaps, best), None
 
-    pos0 = jnp.broadcast_to(player, (num_walks, 2))
-    boxes0 = jnp.broadcast_to(targets, (num_walks, num_boxes, 2))
-    zeros = jnp.zeros(num_walks, jnp.int32)
-    carry0 = (pos0, boxes0, zeros - 1, zeros, (zeros, pos0, boxes0))
-    (_, _, _, _, (scores, pos, boxes)), _ = jax.lax.scan(pull, carry0, (random_action, prefer_pull, pull_noise))
-    best = jnp.argmax(scores)
-    return scores[best], pos[best], boxes[best]
+    def walk(noise, coin):
+        zero = jnp.int32(0)
+        carry = (player, targets, zero, jnp.int32(-1), zero, (zero, player, targets))
+        (_, _, _, _, _, best), _ = jax.lax.scan(pull, carry, (noise, coin))
+        return best
+
+    scores, pos, boxes = jax.vmap(walk, in_axes=(1, 1))(noise, greedy_coin)
+    top = jnp.argmax(scores)
+    return scores[top], pos[top], boxes[top]
 
 
 def _wander(key, floor, boxes_grid, player, displacement, max_moves=3):
@@ -445,26 +518,24 @@ def _layout(key, dim_room, num_boxes, num_gen_steps):
     passable = floor & ~boxes
     reach = reachable(passable, player)
     # A pull from direction d: player on box + d (reachable), stepping to box + 2d (passable).
-    stand = jnp.zeros(dim_room, bool)
-    for dr, dc in DELTAS:
-        stand |= shift(boxes, int(dr), int(dc)) & reach & shift(passable, -int(dr), -int(dc))
-    # Reverse play starts from a random such cell: the player could walk there, and walking
-    # adds no reachable state, so this only saves search steps.
-    k_stand = jax.random.fold_in(k_place, 1)
-    stand_noise = _noise16(k_stand, height * width)
-    stand_flat = jnp.argmax(jnp.where(stand.reshape(-1), stand_noise, -1.0))
-    pullable = jnp.any(stand)
-    player = jnp.where(pullable, jnp.stack(jnp.divmod(stand_flat, width)).astype(jnp.int32), player)
+    # A pull from direction d: the player on box + d (reachable), stepping to box + 2d
+    # (passable). Some box must have one (not every box: a box freed by moving another makes
+    # a harder level, and RAGEN's search finds those too).
+    limit = jnp.array([height - 1, width - 1])
+    stand = targets[:, None, :] + jnp.asarray(DELTAS)[None]  # [N, 4, 2]
+    dest = jnp.clip(stand + jnp.asarray(DELTAS)[None], 0, limit)
+    can_pull = (reach[stand[..., 0], stand[..., 1]] & passable[stand[..., 0], stand[..., 1]]
+                & passable[dest[..., 0], dest[..., 1]])
     enough_floor = jnp.sum(flat_floor) > num_boxes + 1
-    return floor, player, targets, enough_floor & pullable
+    return floor, player, targets, enough_floor & jnp.any(can_pull)
 
 
-def _finish(key, dim_room, layout, num_walks, walk_length, pull_bias):
+def _finish(key, dim_room, layout, num_walks, num_pulls, budget, greedy, lookahead):
     """Reverse play and the player's wander on a layout. Returns (ok, EnvState)."""
     floor, player, targets, plausible = layout
     k_walks, k_wander = jax.random.split(key)
-    score, player, boxes = _reverse_walks(k_walks, floor, player, targets, num_walks, walk_length,
-                                          pull_bias)
+    score, player, boxes = _reverse_search(k_walks, floor, player, targets, num_walks, num_pulls,
+                                           budget, greedy, lookahead)
     boxes_grid = jnp.zeros(dim_room, bool).at[boxes[:, 0], boxes[:, 1]].set(True)
     displacement = jnp.abs(boxes - targets).sum()
     player = _wander(k_wander, floor, boxes_grid, player, displacement)
@@ -474,34 +545,57 @@ def _finish(key, dim_room, layout, num_walks, walk_length, pull_bias):
     return plausible & (score > 0), state
 
 
-@partial(jax.jit, static_argnums=tuple(range(1, 9)))
+def fallback_level(dim_room: tuple[int, int], num_boxes: int) -> EnvState:
+    """The level ``generate_level`` returns when every try failed: an open room, the targets
+    along the bottom row of the interior from the left, each box one push above its target,
+    the player in the top-right interior corner. Solvable and not solved (needs
+    ``num_boxes <= width - 2`` and a room of at least 5x5)."""
+    height, width = dim_room
+    room_fixed = np.full(dim_room, WALL, np.int8)
+    room_fixed[1:-1, 1:-1] = FLOOR
+    room_fixed[height - 2, 1:1 + num_boxes] = TARGET
+    boxes = np.zeros(dim_room, bool)
+    boxes[height - 3, 1:1 + num_boxes] = True
+    return EnvState(jnp.asarray(room_fixed), jnp.asarray(boxes), jnp.array([1, width - 2], jnp.int32),
+                    jnp.int32(0), jnp.int32(0))
+
+
+@partial(jax.jit, static_argnums=tuple(range(1, 12)))
 def generate_level(key: jax.Array, dim_room: tuple[int, int], num_boxes: int, num_gen_steps: int,
-                   num_walks: int, walk_length: int, pull_bias: float, num_layouts: int,
-                   max_tries: int) -> tuple[jax.Array, EnvState]:
+                   search_depth: int, num_walks: int, num_pulls: int, greedy: float,
+                   lookahead: bool, num_layouts: int, searches_per_try: int, max_tries: int
+                   ) -> tuple[jax.Array, EnvState]:
     """A solvable, unsolved level from ``key``. Returns (ok, state).
 
-    ``num_layouts`` cheap layouts are drawn at once and reverse play runs on the first
-    plausible one, so the costly search runs once per level in almost every case. If it still
-    fails to uncover all targets, the whole procedure retries from ``fold_in(key, try)``, at
-    most ``max_tries`` times; ``ok`` is False only if every try failed (then the boxes may sit
-    on their targets).
+    A try draws ``num_layouts`` cheap layouts at once and runs reverse play (``_reverse_search``
+    with a budget of ``search_depth - 2`` moves) on the first ``searches_per_try`` plausible
+    ones in parallel, keeping the first that uncovers every target. A failed try repeats from
+    ``fold_in(key, try)``, at most ``max_tries`` times. If every try failed, ``ok`` is False and
+    the level is ``fallback_level`` (never a solved one). ``boxes_on_target`` is counted, so a
+    level can never pay a reward for a box it did not move.
     """
+    budget = search_depth - 2
 
     def attempt(attempt_key):
         k_layouts, k_finish = jax.random.split(attempt_key)
         layouts = jax.vmap(lambda k: _layout(k, dim_room, num_boxes, num_gen_steps))(
             jax.random.split(k_layouts, num_layouts))
-        first = jnp.argmax(layouts[3])
-        return _finish(k_finish, dim_room, jax.tree.map(lambda x: x[first], layouts),
-                       num_walks, walk_length, pull_bias)
+        order = jnp.argsort(~layouts[3], stable=True)[:searches_per_try]  # plausible ones first
+        oks, states = jax.vmap(
+            lambda i, k: _finish(k, dim_room, jax.tree.map(lambda x: x[i], layouts), num_walks,
+                                 num_pulls, budget, greedy, lookahead)
+        )(order, jax.random.split(k_finish, searches_per_try))
+        first = jnp.argmax(oks)
+        return oks[first], jax.tree.map(lambda x: x[first], states)
 
     def retry(carry):
         tries, _, _ = carry
         ok, state = attempt(jax.random.fold_in(key, tries))
         return tries + 1, ok, state
 
-    blank = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                         jax.eval_shape(attempt, key)[1])
+    fallback = fallback_level(dim_room, num_boxes)
     _, ok, state = jax.lax.while_loop(
-        lambda c: ~c[1] & (c[0] < max_tries), retry, (jnp.int32(0), jnp.bool_(False), blank))
-    return ok, state
+        lambda c: ~c[1] & (c[0] < max_tries), retry, (jnp.int32(0), jnp.bool_(False), fallback))
+    state = jax.tree.map(lambda new, old: jnp.where(ok, new, old), state, fallback)
+    on_target = jnp.sum(state.boxes & (state.room_fixed == TARGET), dtype=jnp.int32)
+    return ok, state.replace(boxes_on_target=on_target)
