@@ -59,7 +59,8 @@ def evaluate(config: ConfigDict, out: str | Path, *, checkpoint: str | None = No
         model_name = run.model.path or "tiny random model"
     plan = resolve(run)
     cfg = plan.rollout
-    slots = [EnvSlot(AgentRollout(env, env_params, tok, cfg, tag=tag, eos_ids=stop_ids(run.model)),
+    slots = [EnvSlot(AgentRollout(env, env_params, tok, plan.rollout_for(spec), tag=tag,
+                                  eos_ids=stop_ids(run.model)),
                      spec.groups, spec.val_groups)
              for spec, (tag, (env, env_params)) in zip(plan.envs, build_envs(run).items(), strict=True)]
     sampler = Sampler(compute_copy(model), pad_id=tok.pad_token_id or 0, bucket_multiple=cfg.pad_multiple,

@@ -104,6 +104,12 @@ class ModelConfig:
             raise ConfigError(f"model.path: no such folder: {self.path}")
 
 
+# rollout.<field>s an env.mix entry may set for itself (RAGEN's per-tag env settings and the
+# per-env prompt); the others (groups, seeds, lengths of the shared batch, sampling) are the run's.
+MIX_ROLLOUT_FIELDS = ("max_turn", "max_actions_per_traj", "max_actions_per_turn",
+                      "response_length", "max_tokens_hint", "turn_template", "format_penalty")
+
+
 @frozen
 class MixEntry:
     """One environment of ``env.mix`` (RAGEN's ``es_manager.*.env_configs``: a tag and its
@@ -116,8 +122,13 @@ class MixEntry:
     tag: str = ""  # metric tag (train/<tag>/..., val-env/<tag>/...); "" = the env class name
     groups: int = 0  # its env groups per training step; the entries' sum is rollout.env_groups (RAGEN: n_groups); 0 = validation only
     val_groups: int = -1  # its validation groups; -1 (every entry) = rollout.val_groups split in proportion to groups
+    rollout: dict = dataclasses.field(default_factory=dict)  # this env's own rollout.<field> values, of MIX_ROLLOUT_FIELDS (e.g. a one-step env: max_turn=1, max_actions_per_traj=1)
 
     def __post_init__(self):
+        unknown = set(self.rollout) - set(MIX_ROLLOUT_FIELDS)
+        if unknown:
+            raise ConfigError(f"rollout.{sorted(unknown)[0]}: not settable per env (one of "
+                              f"{', '.join(MIX_ROLLOUT_FIELDS)})")
         if not self.name:
             raise ConfigError("name: required (a registered env name)")
         if "/" in self.tag:
@@ -377,6 +388,11 @@ class RunConfig:
         if total != r.env_groups:
             raise ConfigError(f"env.mix: the entries' groups sum to {total}, but "
                               f"rollout.env_groups={r.env_groups} (they must be equal)")
+        for i, e in enumerate(mix):
+            try:
+                dataclasses.replace(r, **e.rollout)
+            except (ValueError, TypeError) as err:
+                raise ConfigError(f"env.mix[{i}].{err}") from None
         if mix[0].val_groups >= 0 and sum(e.val_groups for e in mix) != r.val_groups:
             raise ConfigError(f"env.mix: the entries' val_groups sum to "
                               f"{sum(e.val_groups for e in mix)}, but rollout.val_groups="
@@ -558,6 +574,11 @@ class Resolved:
     reward_norm: tuple[str, str] = ("state", "identity")  # (grouping, method), starpo.normalization
     envs: tuple[MixEntry, ...] = ()  # every env of the run with its groups (env_specs)
 
+    def rollout_for(self, env: MixEntry) -> RolloutConfig:
+        """The rollout settings of one env of the run: the run's, with the entry's own
+        ``rollout`` values (``MIX_ROLLOUT_FIELDS``)."""
+        return dataclasses.replace(self.rollout, **env.rollout) if env.rollout else self.rollout
+
 
 def resolve(run: RunConfig) -> Resolved:
     """Computes every derived setting of ``run`` (see ``Resolved``)."""
@@ -615,7 +636,8 @@ def resolve(run: RunConfig) -> Resolved:
     envs = env_specs(run)
     if run.env.mix:
         notes.append("env mix, one batch per step: " + ", ".join(
-            f"{e.tag or e.name} {e.groups} group(s) (validation {e.val_groups})" for e in envs))
+            f"{e.tag or e.name} {e.groups} group(s) (validation {e.val_groups}"
+            + "".join(f"; rollout.{k}={v!r}" for k, v in e.rollout.items()) + ")" for e in envs))
     out = run_folder(run)
     notes.append(f"output_dir: {out}")
     rollout = dataclasses.replace(run.rollout, use_turn_scores=use_turn_scores)

@@ -82,7 +82,7 @@ class Trainer:
         self.tokenizer = load_tokenizer(run.model)
         eos = stop_ids(run.model)
         # The run's envs in order (several with env.mix), each with its share of the groups.
-        self.slots = [EnvSlot(AgentRollout(env, params, self.tokenizer, self.plan.rollout,
+        self.slots = [EnvSlot(AgentRollout(env, params, self.tokenizer, self.plan.rollout_for(spec),
                                            tag=tag, eos_ids=eos), spec.groups, spec.val_groups)
                       for spec, (tag, (env, params)) in zip(
                           self.plan.envs, build_envs(run).items(), strict=True)]
@@ -257,7 +257,7 @@ class Trainer:
         for slot in slots:
             stats.append({})
             parts.append(warmstart_data(
-                slot.rollout.env, slot.rollout.env_params, self.tokenizer, self.plan.rollout,
+                slot.rollout.env, slot.rollout.env_params, self.tokenizer, slot.rollout.config,
                 episodes=max(1, round(w.episodes * slot.groups / total)), seed=seed,
                 legal_only=w.legal_actions, solver_share=w.solver_share, metrics=stats[-1]))
         rows = np.array([p["input_ids"].shape[0] for p in parts], np.float64)

@@ -247,3 +247,19 @@ def test_without_a_mix_the_envs_are_the_env_and_its_validation_extras():
     run = from_config_dict(bandit.get_config())
     assert [(e.tag, e.groups, e.val_groups, e.params) for e in resolve(run).envs] == [
         ("", 8, 256, {"split": "train"}), ("BanditTest", 0, 256, {"split": "test"})]
+
+
+def test_a_mix_entry_sets_its_own_turn_budgets():
+    countdown = ("{'name': 'countdown', 'tag': 'Countdown', 'groups': 2, 'rollout': "
+                 "{'max_turn': 1, 'max_actions_per_traj': 1, 'max_actions_per_turn': 1}}")
+    lake = "{'name': 'frozenlake', 'groups': 6}"
+    plan = resolve(from_config_dict(_mixed(f"--config.env.mix=({countdown}, {lake})")))
+    first, second = (plan.rollout_for(e) for e in plan.envs)
+    assert (first.max_turn, first.max_actions_per_traj, second.max_turn) == (1, 1, 5)
+    assert first.env_groups == second.env_groups == 8 and second is plan.rollout
+    assert "Countdown 2 group(s) (validation 64; rollout.max_turn=1;" in describe(plan)
+    with pytest.raises(ConfigError, match=r"env\.mix\[0\]\.rollout\.max_turn must be >= 1, got 0"):
+        from_config_dict(_mixed(f"--config.env.mix=({countdown}, {lake})",
+                                "--config.env.mix.Countdown.rollout.max_turn=0"))
+    with pytest.raises(ConfigError, match=r"env\.mix\[0\]\.rollout\.val_seed: not settable per env"):
+        from_config_dict(_mixed("--config.env.mix.0.rollout.val_seed=3"))

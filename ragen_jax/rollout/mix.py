@@ -9,7 +9,10 @@ single-env run plays). Validation plays each slot's ``val_groups`` groups on the
 ``rollout.val_seed + i``, the first ``val_groups`` seeds of a single-env run of that env, so a
 mixed run's per-tag validation is comparable with that env's own runs.
 
-Each slot is played by its own ``AgentRollout.collect`` call (its env driver: a JAX env's
+Each slot has its own ``RolloutConfig``: the run's, with the entry's ``rollout`` values
+(``schema.MIX_ROLLOUT_FIELDS``: turn and action budgets, response length, prompt wording, e.g.
+a one-step env such as Countdown mixed with multi-turn grids). Each slot is played by its own
+``AgentRollout.collect`` call (its env driver: a JAX env's
 jitted ``vmap``, a host env's threads; its own generation batches), and the batches are
 concatenated into one ``RolloutBatch`` (``concat_batches``): rows in slot order, token
 arrays padded to the widest, ``tag_ids`` the slot index of each row. The update then trains
@@ -72,7 +75,8 @@ def collect_val(slots: Sequence[EnvSlot], policy: Any, config: RolloutConfig,
                 val_key: Callable[[int], jax.Array],
                 share: Callable[[int, str], slice] = whole) -> RolloutBatch:
     """The validation batch: every slot's ``val_groups`` groups (this process's ``share``) on
-    the fixed seeds, at the validation temperature, slot k sampled with ``val_key(k)``."""
+    the fixed seeds, at the validation temperature (each slot's own response length), slot k
+    sampled with ``val_key(k)``."""
     batches, tags = [], []
     for i, slot in enumerate(slots):
         if slot.val_groups:
@@ -80,7 +84,8 @@ def collect_val(slots: Sequence[EnvSlot], policy: Any, config: RolloutConfig,
             seeds = config.val_seed + np.arange(slot.val_groups)
             batches.append(slot.rollout.collect(
                 policy, seeds[part], val_key(i), group_size=config.val_group_size,
-                sampling=config.val_sampling(), row_offset=part.start * config.val_group_size))
+                sampling=slot.rollout.config.val_sampling(),
+                row_offset=part.start * config.val_group_size))
             tags.append(i)
     return concat_batches(batches, tags)
 

@@ -138,3 +138,20 @@ def test_two_envs_with_one_tag_are_an_error():
                      "--config.env.mix.1.tag=Sokoban"])
     with pytest.raises(ConfigError, match=r"env\.mix\[1\]\.tag: 'Sokoban' names two envs"):
         build_envs(from_config_dict(c))
+
+
+def test_a_host_env_with_its_own_budget_mixes_with_a_grid(slots, tok):
+    """Countdown (a host env, one answer per episode: its own max_turn 1) and FrozenLake (a
+    JAX env, two turns) in one batch."""
+    one_step = dataclasses.replace(CFG, max_turn=1, max_actions_per_traj=1, max_actions_per_turn=1)
+    countdown = AgentRollout(*make("countdown"), tok, one_step, tag="Countdown")
+    mixed = [EnvSlot(countdown, groups=1, val_groups=1), slots[1]._replace(groups=2)]
+    policy = ScriptedPolicy.from_texts(tok, lambda row, call: "<answer>Up</answer>")
+    batch = collect_train(mixed, policy, CFG, iteration=0, key=jax.random.key(0))
+    assert [t["tag"] for t in batch.trajectories] == ["Countdown"] * 2 + ["FrozenLake"] * 4
+    np.testing.assert_array_equal(batch.num_turns, [1, 1, 2, 2, 2, 2])
+    np.testing.assert_array_equal(batch.tag_ids, [0, 0, 1, 1, 1, 1])
+    assert batch.metrics["Countdown/num_turns"] == 1 and batch.metrics["FrozenLake/num_turns"] == 2
+    # The one-turn Countdown rows are padded to the two-turn lake rows' width.
+    lengths = batch.attention_mask.sum(1)
+    assert lengths[:2].max() < lengths[2:].min() and batch.input_ids.shape[1] >= lengths.max()
