@@ -115,8 +115,6 @@ class Trainer:
             batch = collect_train(self.slots, self.sampler, self.plan.rollout, self.step,
                                   self._key(0, self.step), share=dist.share)
         metrics = tag_metrics(batch.metrics, self.rollouts, "train/")
-        metrics["rollout/pad_fraction"] = padding_fraction(batch.attention_mask,
-                                                           self.run.rollout.pad_multiple)
         # RAGEN computes the collapse diagnostics in the full context window only: the
         # transcript is then the sequence every turn saw.
         diagnose = self.monitor.due(self.step) and self.run.rollout.context_window == "full"
@@ -124,6 +122,10 @@ class Trainer:
             with _timed(timings, "diagnostics"):
                 metrics |= self.monitor.measure(batch, self.policy, self.step)
         metrics = dist.mean_metrics(metrics, summed=ROLLOUT_COUNTS)
+        # The padding of the whole batch (every process's rows) at the update's width: what
+        # mixing envs of different lengths costs.
+        metrics["rollout/pad_fraction"] = padding_fraction(
+            dist.allgather(batch.attention_mask.sum(1)).reshape(-1), self.run.rollout.pad_multiple)
 
         scores = dist.allgather(batch.scores).reshape(groups, -1)  # every process's groups
         entropies = None

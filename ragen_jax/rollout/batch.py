@@ -393,11 +393,11 @@ def concat_batches(batches: Sequence[RolloutBatch], tag_ids: Sequence[int]) -> R
         tag_ids=np.repeat(np.asarray(tag_ids, np.int32), np.diff(row_offsets)))
 
 
-def padding_fraction(attention_mask: np.ndarray, pad_multiple: int) -> float:
-    """The share of padding in ``[B, L]`` rows cut to the longest real row, rounded up to
-    ``pad_multiple`` (the width the update trains a batch at when no group is filtered)."""
-    if not attention_mask.size:
+def padding_fraction(lengths: np.ndarray, pad_multiple: int) -> float:
+    """The share of padding in rows of ``lengths [B]`` real tokens cut to the longest, rounded
+    up to ``pad_multiple`` (the width the update trains a batch at when no group is filtered)."""
+    lengths = np.asarray(lengths)
+    if not lengths.size:
         return 0.0
-    longest = int(attention_mask.sum(1).max())
-    width = max(pad_multiple, -(-longest // pad_multiple) * pad_multiple)
-    return float(1.0 - attention_mask.sum() / (attention_mask.shape[0] * width))
+    width = max(pad_multiple, -(-int(lengths.max()) // pad_multiple) * pad_multiple)
+    return float(1.0 - lengths.sum() / (lengths.size * width))

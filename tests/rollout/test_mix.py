@@ -155,3 +155,11 @@ def test_a_host_env_with_its_own_budget_mixes_with_a_grid(slots, tok):
     # The one-turn Countdown rows are padded to the two-turn lake rows' width.
     lengths = batch.attention_mask.sum(1)
     assert lengths[:2].max() < lengths[2:].min() and batch.input_ids.shape[1] >= lengths.max()
+
+
+def test_padding_fraction_at_the_updates_width():
+    from ragen_jax.rollout.batch import padding_fraction
+
+    assert padding_fraction(np.array([64, 32]), 64) == 0.25  # width 64: 96 real of 128
+    assert padding_fraction(np.array([65, 63]), 64) == 1 - 128 / 256  # width rounds up to 128
+    assert padding_fraction(np.array([], int), 64) == 0.0
