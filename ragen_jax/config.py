@@ -10,7 +10,8 @@ The config file is a Python module with ``get_config(preset)`` returning an ml_c
 overrides, so a misspelt field is an error, and ``ConfigDict``'s type checks reject an
 ill-typed value; values are parsed as Python literals (``1e-5``, ``(8, 8)``, ``False``) or
 taken as strings. ``env.params`` and ``env.val_extra`` accept new keys (the env names the
-unknown ones). Every failure is one ``ValueError`` line naming the flag or field.
+unknown ones). ``env.mix`` (a tuple of dicts) is set whole, ``--config.env.mix="({...}, ...)"``,
+or one entry's field at a time, ``--config.env.mix.<index or tag>.groups=4``. Every failure is one ``ValueError`` line naming the flag or field.
 
 A training run keeps a copy of its model folder's tokenizer and configs in
 ``<output_dir>/model/`` (``models.hf_folder.snapshot``); ``use_run_snapshot`` points a config
@@ -65,6 +66,8 @@ def parse_value(text: str) -> Any:
 
 def override(config: ConfigDict, field: str, text: str) -> None:
     """Sets ``config.<field>`` from ``text`` (locked: unknown fields and wrong types fail)."""
+    if field.startswith("env.mix."):
+        return _override_mix_entry(config, field, text)
     *parents, leaf = field.split(".")
     node = config
     for i, name in enumerate(parents):
@@ -89,6 +92,26 @@ def override(config: ConfigDict, field: str, text: str) -> None:
         raise ValueError(f"--config.{field}={text}: {str(e).splitlines()[0]}") from None
 
 
+def _override_mix_entry(config: ConfigDict, field: str, text: str) -> None:
+    """``--config.env.mix.<i or tag>.<field>[.<param>]=value``: one field of one entry of
+    ``env.mix`` (a tuple of dicts, which ConfigDict cannot address); the schema checks the
+    names and types when the run is built."""
+    _, _, which, *path = field.split(".")
+    entries = [dict(e) for e in config.env.mix]
+    index = next((i for i, e in enumerate(entries) if which == str(i) or which == e.get("tag")),
+                 None)
+    if index is None or not path:
+        raise ValueError(f"--config.{field}: env.mix has no entry {which!r} (an index or a tag; "
+                         f"then a field: --config.env.mix.{which}.groups=4)")
+    node = entries[index]
+    for name in path[:-1]:  # e.g. params.dim_room
+        child = dict(node.get(name) or {})
+        node[name] = child
+        node = child
+    node[path[-1]] = parse_value(text)
+    config.env.mix = tuple(entries)
+
+
 def load_run_config(run_dir: str | Path) -> ConfigDict:
     """The config a training run saved in ``run_dir/config.json``, pointed at ``run_dir``
     (and at its model snapshot if the model folder is gone, see ``use_run_snapshot``)."""
@@ -102,8 +125,9 @@ def load_run_config(run_dir: str | Path) -> ConfigDict:
 
 def run_folder(config: Any) -> Path:
     """The run folder a config trains into: ``trainer.output_dir``, else
-    ``runs/<env>-<preset>``; for a ``ConfigDict`` or a ``schema.RunConfig`` alike."""
-    return Path(config.trainer.output_dir or f"runs/{config.env.name}-{config.preset}")
+    ``runs/<env>-<preset>`` (``runs/mixed-<preset>`` with ``env.mix``); for a ``ConfigDict`` or a ``schema.RunConfig`` alike."""
+    env = "mixed" if getattr(config.env, "mix", ()) else config.env.name
+    return Path(config.trainer.output_dir or f"runs/{env}-{config.preset}")
 
 
 def use_run_snapshot(config: ConfigDict) -> ConfigDict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -19,12 +20,12 @@ class Streaks:
 
 
 def early_stop_reason(rules: Any, streaks: Streaks, metrics: dict[str, float],
-                      tag: str) -> str | None:
+                      tags: str | Sequence[str]) -> str | None:
     """The rule that stops the run after this step's ``metrics``, if any. ``rules`` is
     ``config.trainer``: ``stop_empty_after_filter`` consecutive empty batches;
     ``stop_reward_std_collapse``: ten consecutive steps whose in-group reward std is below
     0.1 x the mean of the first ten; ``stop_val_success_collapse``: validation success below
-    0.01 five times running. Updates ``streaks``."""
+    0.01 five times running (with several envs, ``tags``, every env's). Updates ``streaks``."""
     if metrics.get("train/update_skipped_empty"):
         streaks.empty_streak += 1
     elif "train/batch_size" in metrics:
@@ -40,7 +41,9 @@ def early_stop_reason(rules: Any, streaks: Streaks, metrics: dict[str, float],
             streaks.std_low_streak = streaks.std_low_streak + 1 if low else 0
             if streaks.std_low_streak >= 10:
                 return "reward_std_collapse"
-    val = metrics.get(f"val-env/{tag}/success")
+    tags = (tags,) if isinstance(tags, str) else tuple(tags)
+    vals = [metrics[f"val-env/{t}/success"] for t in tags if f"val-env/{t}/success" in metrics]
+    val = max(vals) if vals else None
     if rules.stop_val_success_collapse and val is not None:
         streaks.val_low_streak = streaks.val_low_streak + 1 if val < 0.01 else 0
         if streaks.val_low_streak >= 5:

@@ -6,12 +6,14 @@
 The run config is the one training uses (same file, presets and ``--config.*`` overrides;
 with ``--checkpoint`` the run's saved ``config.json``): the policy is ``model`` (a Hugging
 Face folder, or the tiny random model, whose answers are noise) or the checkpoint's actor,
-the env is ``env``, and the episodes are validation's: ``rollout.val_groups x
-rollout.val_group_size`` envs on the seeds ``rollout.val_seed + i`` (the same every run),
-sampled at ``rollout.val_temperature`` (RAGEN's 0.5; 0 is greedy). It writes, under ``--out``:
+the envs are the run's, and the episodes are exactly validation's (``rollout.mix.collect_val``):
+per env of the run (the env, its ``env.val_extra`` envs, or each ``env.mix`` entry with its
+``val_groups``), ``val_groups x rollout.val_group_size`` envs on the seeds
+``rollout.val_seed + i`` (the same every run), sampled at ``rollout.val_temperature``
+(RAGEN's 0.5; 0 is greedy). It writes, under ``--out``:
 
-* ``metrics.json``: the RAGEN-named metrics (``{tag}/success``, ``pass@k``, ...), the config
-  and the timings;
+* ``metrics.json``: the RAGEN-named metrics per env tag (``{tag}/success``, ``pass@k``, ...),
+  the config and the timings;
 * ``trajectories.jsonl``: one line per episode: chat messages, per-turn state, thinking,
   actions, rewards and penalties, success;
 * ``viewer.html``: a static page, per episode and turn the state grid, the thinking, the
@@ -35,7 +37,8 @@ from ml_collections import ConfigDict
 
 from ragen_jax.config import load_config, load_run_config
 from ragen_jax.models import CheckpointError, compute_copy
-from ragen_jax.rollout.agent import AgentRollout, RolloutBatch, val_seeds
+from ragen_jax.rollout.agent import AgentRollout, RolloutBatch
+from ragen_jax.rollout.mix import EnvSlot, collect_val
 from ragen_jax.rollout.sampler import Sampler
 from ragen_jax.schema import from_config_dict, resolve, to_config_dict
 from ragen_jax.train import build_envs, write_trajectories
@@ -54,17 +57,21 @@ def evaluate(config: ConfigDict, out: str | Path, *, checkpoint: str | None = No
     else:
         model, tok = build_actor(run.model, run.seed), load_tokenizer(run.model)
         model_name = run.model.path or "tiny random model"
-    cfg = resolve(run).rollout
-    tag, (env, env_params) = next(iter(build_envs(run).items()))
-    rollout = AgentRollout(env, env_params, tok, cfg, tag=tag, eos_ids=stop_ids(run.model))
+    plan = resolve(run)
+    cfg = plan.rollout
+    slots = [EnvSlot(AgentRollout(env, env_params, tok, plan.rollout_for(spec), tag=tag,
+                                  eos_ids=stop_ids(run.model)),
+                     spec.groups, spec.val_groups)
+             for spec, (tag, (env, env_params)) in zip(plan.envs, build_envs(run).items(), strict=True)]
     sampler = Sampler(compute_copy(model), pad_id=tok.pad_token_id or 0, bucket_multiple=cfg.pad_multiple,
                       cache_multiple=cfg.cache_multiple or None)
+    key = jax.random.key(run.seed)
     t0 = time.perf_counter()
-    batch = rollout.collect(sampler, val_seeds(cfg), jax.random.key(run.seed),
-                            group_size=cfg.val_group_size, sampling=cfg.val_sampling())
+    batch = collect_val(slots, sampler, cfg, lambda i: key if i == 0 else jax.random.fold_in(key, i))
     wall = time.perf_counter() - t0
     out = Path(out)
-    summary = {"model": model_name, "env": run.env.name, "episodes": len(batch.trajectories),
+    env_name = " + ".join(s.tag for s in slots) if run.env.mix else run.env.name
+    summary = {"model": model_name, "env": env_name, "episodes": len(batch.trajectories),
                "dtype": {"compute": run.model.dtype, "weights": run.model.param_dtype},
                "metrics": batch.metrics, "timing": {**batch.timing, "wall_s": wall},
                "config": to_config_dict(run).to_dict()}

@@ -44,6 +44,22 @@ class ConfigError(ValueError):
     """A bad config value or path; the message names the field."""
 
 
+def _mix_entry(i: int, entry: Any) -> MixEntry:
+    """Entry ``i`` of ``env.mix`` (a dict, a ConfigDict or a ``MixEntry``) as a ``MixEntry``."""
+    if isinstance(entry, MixEntry):
+        return entry
+    if isinstance(entry, ConfigDict):
+        entry = entry.to_dict()
+    if not isinstance(entry, dict):
+        raise ConfigError(f"env.mix[{i}]: expected a dict of MixEntry fields, got {entry!r}")
+    try:
+        return _section(f"env.mix[{i}]", MixEntry, entry)
+    except ConfigError as e:
+        message = str(e)
+        raise ConfigError(message if message.startswith("env.mix") else
+                          f"env.mix[{i}].{message}") from None
+
+
 def _choice(field: str, value: Any, allowed: tuple) -> None:
     if value not in allowed:
         raise ConfigError(f"{field} must be one of {allowed}, got {value!r}")
@@ -88,12 +104,66 @@ class ModelConfig:
             raise ConfigError(f"model.path: no such folder: {self.path}")
 
 
+# rollout.<field>s an env.mix entry may set for itself (RAGEN's per-tag env settings and the
+# per-env prompt); the others (groups, seeds, lengths of the shared batch, sampling) are the run's.
+MIX_ROLLOUT_FIELDS = ("max_turn", "max_actions_per_traj", "max_actions_per_turn",
+                      "response_length", "max_tokens_hint", "turn_template", "format_penalty")
+
+
+@frozen
+class MixEntry:
+    """One environment of ``env.mix`` (RAGEN's ``es_manager.*.env_configs``: a tag and its
+    ``n_groups``). The run's envs play together: each step's ``rollout.env_groups`` groups
+    are the entries' ``groups`` in order, trained in one batch; validation plays each
+    entry's ``val_groups`` groups on the fixed seeds ``rollout.val_seed + i``."""
+
+    name: str = ""  # registered env name (ragen_jax.envs.make)
+    params: dict = dataclasses.field(default_factory=dict)  # env constructor / EnvParams fields
+    tag: str = ""  # metric tag (train/<tag>/..., val-env/<tag>/...); "" = the env class name
+    groups: int = 0  # its env groups per training step; the entries' sum is rollout.env_groups (RAGEN: n_groups); 0 = validation only
+    val_groups: int = -1  # its validation groups; -1 (every entry) = rollout.val_groups split in proportion to groups
+    rollout: dict = dataclasses.field(default_factory=dict)  # this env's own rollout.<field> values, of MIX_ROLLOUT_FIELDS (e.g. a one-step env: max_turn=1, max_actions_per_traj=1)
+
+    def __post_init__(self):
+        unknown = set(self.rollout) - set(MIX_ROLLOUT_FIELDS)
+        if unknown:
+            raise ConfigError(f"rollout.{sorted(unknown)[0]}: not settable per env (one of "
+                              f"{', '.join(MIX_ROLLOUT_FIELDS)})")
+        if not self.name:
+            raise ConfigError("name: required (a registered env name)")
+        if "/" in self.tag:
+            raise ConfigError(f"tag: no '/' in a metric tag, got {self.tag!r}")
+        if self.groups < 0:
+            raise ConfigError(f"groups must be >= 0, got {self.groups}")
+        if self.val_groups < -1:
+            raise ConfigError(f"val_groups must be >= 0 (or -1: proportional), got {self.val_groups}")
+
+
 @frozen
 class EnvConfig:
     name: str = "sokoban"  # registered env name (ragen_jax.envs.make)
     params: dict = dataclasses.field(default_factory=dict)  # env constructor / EnvParams fields, e.g. dim_room
     tag: str = ""  # metric tag; "" = the env class name (RAGEN's tag, e.g. "Sokoban")
     val_extra: dict = dataclasses.field(default_factory=dict)  # extra validation envs: {tag: {param overrides}}
+    mix: tuple = ()  # several envs in one run, each {name, params, tag, groups, val_groups} (MixEntry); () = the one env above (name, params, tag, val_extra)
+
+    def __post_init__(self):
+        entries = tuple(_mix_entry(i, e) for i, e in enumerate(self.mix))
+        object.__setattr__(self, "mix", entries)
+        if not entries:
+            return
+        if self.val_extra:
+            raise ConfigError("env.val_extra: not used with env.mix (add a validation-only "
+                              "entry to env.mix instead: groups=0, val_groups=N)")
+        tags = [e.tag for e in entries if e.tag]
+        if len(set(tags)) < len(tags):
+            raise ConfigError(f"env.mix: two entries have the same tag ({tags})")
+        if not any(e.groups for e in entries):
+            raise ConfigError("env.mix: no entry has training groups (groups > 0)")
+        given = [e.val_groups >= 0 for e in entries]
+        if any(given) and not all(given):
+            raise ConfigError("env.mix: give val_groups to every entry or to none (-1: "
+                              "rollout.val_groups split in proportion to groups)")
 
 
 @frozen
@@ -294,15 +364,41 @@ class RunConfig:
 
     def __post_init__(self):
         self._check_sample_unit()
+        self._check_mix()
         d = self.distributed
         if d.enabled and d.coordinator_address != "auto":
             for name in ("env_groups", "val_groups"):
                 if getattr(self.rollout, name) % d.num_processes:
                     raise ConfigError(f"rollout.{name}={getattr(self.rollout, name)} must be a "
                                       f"multiple of distributed.num_processes={d.num_processes}")
+            for i, e in enumerate(env_specs(self) if self.env.mix else ()):
+                for name in ("groups", "val_groups"):  # each process plays its share of each env
+                    if getattr(e, name) % d.num_processes:
+                        raise ConfigError(f"env.mix[{i}].{name}={getattr(e, name)} must be a "
+                                          f"multiple of distributed.num_processes={d.num_processes}")
         if self.preset != "tiny" and not self.model.path:
             raise ConfigError(f"model.path is required for preset {self.preset}: give "
                               f"--config.model.path=/path/to/a/local/Hugging-Face/folder")
+
+    def _check_mix(self) -> None:
+        """RAGEN's rule: the entries' groups sum to ``rollout.env_groups`` (and explicit
+        ``val_groups`` to ``rollout.val_groups``)."""
+        mix, r = self.env.mix, self.rollout
+        if not mix:
+            return
+        total = sum(e.groups for e in mix)
+        if total != r.env_groups:
+            raise ConfigError(f"env.mix: the entries' groups sum to {total}, but "
+                              f"rollout.env_groups={r.env_groups} (they must be equal)")
+        for i, e in enumerate(mix):
+            try:
+                dataclasses.replace(r, **e.rollout)
+            except (ValueError, TypeError) as err:
+                raise ConfigError(f"env.mix[{i}].{err}") from None
+        if mix[0].val_groups >= 0 and sum(e.val_groups for e in mix) != r.val_groups:
+            raise ConfigError(f"env.mix: the entries' val_groups sum to "
+                              f"{sum(e.val_groups for e in mix)}, but rollout.val_groups="
+                              f"{r.val_groups} (they must be equal)")
 
     def _check_sample_unit(self) -> None:
         """Windows other than ``full`` and cut prompts have no single trajectory sequence:
@@ -328,8 +424,32 @@ class RunConfig:
 # ConfigDict <-> RunConfig
 # ----------------------------------------------------------------------------------------------
 
+def env_specs(run: RunConfig) -> tuple[MixEntry, ...]:
+    """Every env of the run in order, as ``MixEntry``s with ``val_groups`` resolved: the
+    ``env.mix`` entries (``val_groups=-1``: ``rollout.val_groups`` split in proportion to
+    ``groups``, largest remainders first, ties to the earlier entry); without a mix, the one
+    env (all ``rollout.env_groups`` and ``rollout.val_groups``) and then each
+    ``env.val_extra`` env (validation only, ``rollout.val_groups`` groups each). Tags may be
+    "" (the env class name, known once the env is built)."""
+    r, env = run.rollout, run.env
+    if not env.mix:
+        main = MixEntry(name=env.name, params=env.params, tag=env.tag, groups=r.env_groups,
+                        val_groups=r.val_groups)
+        return (main, *(MixEntry(name=env.name, params={**env.params, **dict(extra)}, tag=tag,
+                                 groups=0, val_groups=r.val_groups)
+                        for tag, extra in env.val_extra.items()))
+    if env.mix[0].val_groups >= 0:
+        return env.mix
+    exact = [r.val_groups * e.groups / r.env_groups for e in env.mix]
+    shares = [int(x) for x in exact]
+    for i in sorted(range(len(exact)), key=lambda i: shares[i] - exact[i])[:r.val_groups - sum(shares)]:
+        shares[i] += 1
+    return tuple(dataclasses.replace(e, val_groups=n) for e, n in zip(env.mix, shares, strict=True))
+
+
 def to_config_dict(run: RunConfig | None = None) -> ConfigDict:
-    """The ConfigDict of ``run`` (default: every default), one entry per schema field."""
+    """The ConfigDict of ``run`` (default: every default), one entry per schema field
+    (``env.mix`` as a tuple of plain dicts)."""
     run = RunConfig() if run is None else run
     out = ConfigDict()
     for f in dataclasses.fields(run):
@@ -337,7 +457,10 @@ def to_config_dict(run: RunConfig | None = None) -> ConfigDict:
         if dataclasses.is_dataclass(value):
             section = ConfigDict()
             for g in dataclasses.fields(value):
-                section[g.name] = getattr(value, g.name)
+                item = getattr(value, g.name)
+                if isinstance(item, tuple) and item and dataclasses.is_dataclass(item[0]):
+                    item = tuple(dataclasses.asdict(x) for x in item)
+                section[g.name] = item
             out[f.name] = section
         else:
             out[f.name] = value
@@ -451,6 +574,12 @@ class Resolved:
     output_dir: Path
     notes: tuple[str, ...]  # one line per derived value, for the start-of-run printout
     reward_norm: tuple[str, str] = ("state", "identity")  # (grouping, method), starpo.normalization
+    envs: tuple[MixEntry, ...] = ()  # every env of the run with its groups (env_specs)
+
+    def rollout_for(self, env: MixEntry) -> RolloutConfig:
+        """The rollout settings of one env of the run: the run's, with the entry's own
+        ``rollout`` values (``MIX_ROLLOUT_FIELDS``)."""
+        return dataclasses.replace(self.rollout, **env.rollout) if env.rollout else self.rollout
 
 
 def resolve(run: RunConfig) -> Resolved:
@@ -506,6 +635,11 @@ def resolve(run: RunConfig) -> Resolved:
                  f"{math.ceil(rows / mini)} mini-batch(es) of {mini} when no group is filtered "
                  f"({rows} trajectories); the lr schedule counts training steps "
                  f"({run.trainer.total_steps})")
+    envs = env_specs(run)
+    if run.env.mix:
+        notes.append("env mix, one batch per step: " + ", ".join(
+            f"{e.tag or e.name} {e.groups} group(s) (validation {e.val_groups}"
+            + "".join(f"; rollout.{k}={v!r}" for k, v in e.rollout.items()) + ")" for e in envs))
     out = run_folder(run)
     notes.append(f"output_dir: {out}")
     rollout = dataclasses.replace(run.rollout, use_turn_scores=use_turn_scores)
@@ -521,7 +655,7 @@ def resolve(run: RunConfig) -> Resolved:
                         recompute_logprobs=act.recompute_logprobs,
                         gradient_buckets=run.diagnostics.gradient_buckets)
     return Resolved(run=run, rollout=rollout, step=step, output_dir=out, notes=tuple(notes),
-                    reward_norm=(grouping, method))
+                    reward_norm=(grouping, method), envs=envs)
 
 
 def describe(resolved: Resolved) -> str:

@@ -124,6 +124,28 @@ def turn_observation_rows(episodes: Sequence[Episode], chat: ChatFormat, *,
     return out
 
 
+def concat_data(parts: list[dict[str, np.ndarray]], *, pad_id: int) -> dict[str, np.ndarray]:
+    """Several ``warmstart_data`` sets (one per env of a mixed run) as one: rows in order,
+    right-padded to the widest (``pad_id``, zeros), group ids renumbered (dropped when a set has none). ``train_sft`` takes
+    whole groups of one size: when the envs' group sizes differ (their action counts), the
+    group ids are dropped and mini-batches take single rows."""
+    if len(parts) == 1:
+        return parts[0]
+    width = max(p["input_ids"].shape[1] for p in parts)
+    out = {}
+    for k in ("input_ids", "attention_mask", "position_ids", "loss_mask"):
+        out[k] = np.concatenate([np.pad(p[k], ((0, 0), (0, width - p[k].shape[1])),
+                                        constant_values=pad_id if k == "input_ids" else 0)
+                                 for p in parts])
+    if any("group_ids" not in p for p in parts):
+        return out
+    sizes = {p["input_ids"].shape[0] // (int(p["group_ids"].max()) + 1) for p in parts}
+    if len(sizes) == 1:
+        offsets = np.cumsum([0] + [int(p["group_ids"].max()) + 1 for p in parts])
+        out["group_ids"] = np.concatenate([p["group_ids"] + o for p, o in zip(parts, offsets, strict=False)])
+    return out
+
+
 def conversation_data(path: str | os.PathLike, tokenizer: Any, *, max_len: int,
                       pad_multiple: int = 64) -> dict[str, np.ndarray]:
     """Token arrays from a JSONL of ``{"messages": [...]}`` conversations (see module doc).

@@ -37,7 +37,9 @@ from ragen_jax.early_stopping import Streaks, early_stop_reason
 from ragen_jax.envs import make
 from ragen_jax.metrics import MetricsLogger, make_sinks
 from ragen_jax.models import compute_copy, hf_folder
-from ragen_jax.rollout.agent import AgentRollout, RolloutBatch, train_seeds, val_seeds
+from ragen_jax.rollout.agent import AgentRollout, RolloutBatch
+from ragen_jax.rollout.batch import padding_fraction
+from ragen_jax.rollout.mix import EnvSlot, collect_train, collect_val, tag_metrics
 from ragen_jax.rollout.sampler import Sampler
 from ragen_jax.schema import (
     ConfigError,
@@ -79,10 +81,13 @@ class Trainer:
                                  weights=self.store.latest_step() is None)
         self.tokenizer = load_tokenizer(run.model)
         eos = stop_ids(run.model)
-        self.rollouts = {tag: AgentRollout(env, params, self.tokenizer, self.plan.rollout, tag=tag,
-                                           eos_ids=eos)
-                         for tag, (env, params) in build_envs(run).items()}
-        self.tag = next(iter(self.rollouts))
+        # The run's envs in order (several with env.mix), each with its share of the groups.
+        self.slots = [EnvSlot(AgentRollout(env, params, self.tokenizer, self.plan.rollout_for(spec),
+                                           tag=tag, eos_ids=eos), spec.groups, spec.val_groups)
+                      for spec, (tag, (env, params)) in zip(
+                          self.plan.envs, build_envs(run).items(), strict=True)]
+        self.rollouts = {slot.tag: slot.rollout for slot in self.slots}
+        self.tag = self.slots[0].tag  # the first env's (with one env, the run's)
         # Rollouts are process-local: each process samples its share with a local replica,
         # stored in the compute dtype (the actor holds the float32 master weights).
         self.local_mesh = dist.local_mesh(self.mesh)
@@ -106,12 +111,10 @@ class Trainer:
         timings: dict[str, float] = {}
         groups = self.run.rollout.env_groups
         part = dist.share(groups, "rollout.env_groups")  # this process's groups
-        with _timed(timings, "gen"):
-            batch = self.rollouts[self.tag].collect(
-                self.sampler, train_seeds(self.plan.rollout, self.step)[part],
-                self._key(0, self.step), row_offset=part.start * self.run.rollout.group_size)
-        metrics = {("train/" + k if k.startswith(self.tag + "/") else k): v
-                   for k, v in batch.metrics.items()}
+        with _timed(timings, "gen"):  # every env's groups, one batch (rollout.mix)
+            batch = collect_train(self.slots, self.sampler, self.plan.rollout, self.step,
+                                  self._key(0, self.step), share=dist.share)
+        metrics = tag_metrics(batch.metrics, self.rollouts, "train/")
         # RAGEN computes the collapse diagnostics in the full context window only: the
         # transcript is then the sequence every turn saw.
         diagnose = self.monitor.due(self.step) and self.run.rollout.context_window == "full"
@@ -119,6 +122,10 @@ class Trainer:
             with _timed(timings, "diagnostics"):
                 metrics |= self.monitor.measure(batch, self.policy, self.step)
         metrics = dist.mean_metrics(metrics, summed=ROLLOUT_COUNTS)
+        # The padding of the whole batch (every process's rows) at the update's width: what
+        # mixing envs of different lengths costs.
+        metrics["rollout/pad_fraction"] = padding_fraction(
+            dist.allgather(batch.attention_mask.sum(1)).reshape(-1), self.run.rollout.pad_multiple)
 
         scores = dist.allgather(batch.scores).reshape(groups, -1)  # every process's groups
         entropies = None
@@ -133,11 +140,11 @@ class Trainer:
             scores, self.run.filter, dist.allgather(batch.loss_mask.sum(1)).reshape(groups, -1),
             entropies)
         metrics |= {k: float(v) for k, v in filter_metrics.items()}
-        # The filter saw the raw scores; the estimators see the normalised ones (RAGEN). One
-        # env tag per run today: every row's tag id is 0.
+        # The filter saw the raw scores; the estimators see the normalised ones (RAGEN), the
+        # inductive grouping by each row's env (its slot index).
         rows_here = slice(part.start * scores.shape[1], part.stop * scores.shape[1])
-        batch = normalize_batch(batch, scores, np.zeros(scores.size, np.int32), rows_here,
-                                *self.plan.reward_norm)
+        batch = normalize_batch(batch, scores, dist.allgather(batch.tag_ids).reshape(-1),
+                                rows_here, *self.plan.reward_norm)
         analyse = diagnose and self.run.diagnostics.gradient_analysis
         buckets, bucket_std = np.zeros(groups, np.int32), None
         if analyse:
@@ -180,16 +187,13 @@ class Trainer:
     # -- validation, warm-start, checkpoints ---------------------------------------------------
 
     def validate(self) -> tuple[dict[str, float], RolloutBatch]:
-        """Validation on the fixed seeds (``val-env/<tag>/...``); returns the main batch too."""
-        cfg, metrics, main = self.plan.rollout, {}, None
-        part = dist.share(cfg.val_groups, "rollout.val_groups")
-        for i, (tag, rollout) in enumerate(self.rollouts.items()):
-            batch = rollout.collect(self.sampler, val_seeds(cfg)[part], self._key(1, self.step, i),
-                                    group_size=cfg.val_group_size, sampling=cfg.val_sampling(),
-                                    row_offset=part.start * cfg.val_group_size)
-            metrics |= {f"val-env/{k}": v for k, v in batch.metrics.items() if k.startswith(tag + "/")}
-            main = main or batch
-        return dist.mean_metrics(metrics), main
+        """Validation on the fixed seeds, every env's ``val_groups`` (``val-env/<tag>/...``);
+        returns the batch of all of them too (this process's episodes)."""
+        batch = collect_val(self.slots, self.sampler, self.plan.rollout,
+                            lambda i: self._key(1, self.step, i), share=dist.share)
+        metrics = {f"val-env/{k}": v for k, v in batch.metrics.items()
+                   if k.split("/", 1)[0] in self.rollouts}
+        return dist.mean_metrics(metrics), batch
 
     def warmstart(self) -> dict[str, float]:
         """The supervised stages before RL (SFT, then the warm-start), in place on the actor;
@@ -240,25 +244,42 @@ class Trainer:
                             context=self.plan.rollout,
                             warmstart=dataclasses.asdict(run.warmstart) | {"seed": seed},
                             vocab=sorted(self.tokenizer.get_vocab().items()))
-        return sft.cache_dir() / f"warmstart-{run.env.name}-{key}"
+        name = "mixed" if run.env.mix else run.env.name
+        return sft.cache_dir() / f"warmstart-{name}-{key}"
 
     def _warmstart_sft(self, w: Any, seed: int, fit: dict[str, Any]) -> dict[str, float]:
-        from ragen_jax.sft import train_sft, warmstart_data
+        """The warm-start on the run's training envs: with several (``env.mix``), each
+        generates its share of ``warmstart.episodes`` in proportion to its groups, and the
+        model trains on the mixture (``sft.concat_data``)."""
+        from ragen_jax.sft import concat_data, train_sft, warmstart_data
 
-        stats: dict = {}
-        turns: dict | None = {} if w.turn_steps else None
-        rollout = self.rollouts[self.tag]
-        data = warmstart_data(rollout.env, rollout.env_params, self.tokenizer, self.plan.rollout,
-                              episodes=w.episodes, seed=seed, legal_only=w.legal_actions,
-                              solver_share=w.solver_share, metrics=stats, observation_rows=turns)
-        out = {"warmstart/action_is_effective": stats["action_is_effective"],
-               "warmstart/data_success": stats["success"]}
-        if turns:
-            losses = train_sft(self.actor, turns, steps=w.turn_steps, batch_size=w.turn_batch_size,
-                               lr=w.lr, **fit)
+        slots = [s for s in self.slots if s.groups]
+        total = sum(s.groups for s in slots)
+        parts, stats, turns = [], [], []
+        for slot in slots:
+            stats.append({})
+            turns.append({} if w.turn_steps else None)
+            parts.append(warmstart_data(
+                slot.rollout.env, slot.rollout.env_params, self.tokenizer, slot.rollout.config,
+                episodes=max(1, round(w.episodes * slot.groups / total)), seed=seed,
+                legal_only=w.legal_actions, solver_share=w.solver_share, metrics=stats[-1],
+                observation_rows=turns[-1]))
+        rows = np.array([p["input_ids"].shape[0] for p in parts], np.float64)
+        out = {}
+        for name, key in (("action_is_effective", "action_is_effective"), ("data_success", "success")):
+            values = np.array([st[key] for st in stats])
+            # Several envs: each one's, and the mean over all their episodes.
+            out[f"warmstart/{name}"] = float(values[0] if len(slots) == 1 else values @ rows / rows.sum())
+            if len(slots) > 1:
+                out |= {f"warmstart/{slot.tag}/{name}": float(v) for slot, v in zip(slots, values, strict=True)}
+        pad_id = self.tokenizer.pad_token_id or 0
+        if w.turn_steps:  # single-turn observation rows first (sft.turn_observation_rows)
+            losses = train_sft(self.actor, concat_data(turns, pad_id=pad_id), steps=w.turn_steps,
+                               batch_size=w.turn_batch_size, lr=w.lr, **fit)
             out |= {"warmstart/turn_loss_first": losses[0], "warmstart/turn_loss_last": losses[-1]}
         if w.steps:
-            losses = train_sft(self.actor, data, steps=w.steps, batch_size=w.batch_size, lr=w.lr, **fit)
+            losses = train_sft(self.actor, concat_data(parts, pad_id=pad_id), steps=w.steps,
+                               batch_size=w.batch_size, lr=w.lr, **fit)
             out |= {"warmstart/loss_first": losses[0], "warmstart/loss_last": losses[-1]}
         return out
 
@@ -304,7 +325,8 @@ class Trainer:
         if self.is_main and self.run.trainer.save_trajectories:
             folder, name = self.out / "trajectories", f"val_step{self.step:05d}"
             write_trajectories(folder / f"{name}.jsonl", folder / f"{name}.html", batch,
-                               {"model": f"step {self.step}", "env": self.tag, "metrics": val_metrics})
+                               {"model": f"step {self.step}", "env": ", ".join(self.rollouts),
+                                "metrics": val_metrics})
 
     def _handle_signal(self, signum, _frame):
         if signum == signal.SIGINT and self._stop_signal == signal.SIGINT:
@@ -330,13 +352,14 @@ class Trainer:
         tr = self.run.trainer
         if self.step % tr.test_freq == 0 or self.step == tr.total_steps:
             self._validate_and_record(metrics)
-        stop = early_stop_reason(tr, self.streaks, metrics, self.tag)
+        trained_tags = [s.tag for s in self.slots if s.groups]
+        stop = early_stop_reason(tr, self.streaks, metrics, trained_tags)
         if stop:
             metrics[f"early_stopped/{stop}"] = 1.0
             self.log(f"early stop at step {self.step}: {stop}")
         metrics["timing_s/step"] = time.perf_counter() - started
         self.logger.log(self.step, metrics)
-        self.logger.advance(self.step, _progress_info(metrics, self.tag))
+        self.logger.advance(self.step, _progress_info(metrics, trained_tags))
         if self.step % tr.save_freq == 0 or self.step == tr.total_steps or stop:
             self.save()
         return stop
@@ -378,14 +401,20 @@ class Trainer:
 
 
 def build_envs(run: RunConfig) -> dict[str, tuple[Any, Any]]:
-    """``{tag: (env, env_params)}``: the training env first, then ``env.val_extra``'s."""
-    try:
-        env, params = make(run.env.name, **run.env.params)
-        envs = {run.env.tag or env.name: (env, params)}
-        for tag, extra in run.env.val_extra.items():
-            envs[tag] = make(run.env.name, **{**run.env.params, **dict(extra)})
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"env: {e}") from None
+    """``{tag: (env, env_params)}`` of every env of the run in order (``schema.env_specs``:
+    the training env first, then ``env.val_extra``'s; or the ``env.mix`` entries)."""
+    envs: dict[str, tuple[Any, Any]] = {}
+    for i, spec in enumerate(resolve(run).envs):
+        where = f"env.mix[{i}]" if run.env.mix else "env"
+        try:
+            env, params = make(spec.name, **spec.params)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"{where}: {e}") from None
+        tag = spec.tag or env.name
+        if tag in envs:
+            raise ConfigError(f"{where}.tag: {tag!r} names two envs of the run (give each its "
+                              f"own tag)")
+        envs[tag] = (env, params)
     return envs
 
 
@@ -411,7 +440,11 @@ def _val_line(step: int, vm: dict[str, float]) -> str:
     return f"validation at step {step}: " + ", ".join(parts)
 
 
-def _progress_info(m: dict[str, float], tag: str) -> str:
+def _progress_info(m: dict[str, float], tags: list[str]) -> str:
+    if len(tags) > 1:  # several envs: each one's success
+        return ("success " + " ".join(f"{t} {m.get(f'train/{t}/success', float('nan')):.3f}"
+                                      for t in tags) + f"  {m.get('timing_s/step', 0):.1f} s/step")
+    tag = tags[0]
     return (f"score {m.get(f'train/{tag}/score', float('nan')):+.3f}  "
             f"success {m.get(f'train/{tag}/success', float('nan')):.3f}  "
             f"{m.get('timing_s/step', 0):.1f} s/step")

@@ -34,7 +34,7 @@ def render_html(trajectories: Sequence[dict[str, Any]], summary: dict[str, Any])
     for traj in trajectories:
         cls = "ok" if traj.get("success") else "bad"
         parts.append(
-            f"<details><summary class='{cls}'>env {e(traj.get('env_id'))} (group "
+            f"<details><summary class='{cls}'>{e(traj.get('tag', ''))} env {e(traj.get('env_id'))} (group "
             f"{e(traj.get('group_id'))}, seed {e(traj.get('seed'))}): success "
             f"{e(traj.get('success'))}, score {e(round(float(traj.get('score', 0.0)), 4))}, "
             f"actions {e(traj.get('num_actions'))}</summary>")

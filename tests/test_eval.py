@@ -1,8 +1,11 @@
 """``python -m ragen_jax.eval`` on the tiny random model: files, metrics, escaping."""
 
 import json
+from pathlib import Path
 
 from ragen_jax import eval as ev
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_eval_writes_metrics_trajectories_and_viewer(tmp_path, capsys):
@@ -80,3 +83,28 @@ def test_eval_plays_the_runs_context_window(tmp_path, capsys):
     assert len(turns) == 6  # random answers: no valid action, every episode plays 3 turns
     for t in turns:  # k = 1: each prompt shows its own turn only, prefilled whole
         assert t["window_start"] == t["turn"] and t["prefill_tokens"] == t["prompt_tokens"]
+
+
+def test_eval_of_a_mixed_config_plays_what_the_run_validates(tmp_path, capsys):
+    """configs/mixed.py: each env's share of the validation groups, per-tag metrics, and the
+    very episodes (tags, seeds, prompts) a training run's validation plays."""
+    from ragen_jax.config import load_config
+    from ragen_jax.train import Trainer
+
+    args = ["--config", str(ROOT / "configs/mixed.py"), "--config.rollout.val_groups=3",
+            "--config.rollout.max_turn=1", "--config.rollout.response_length=8",
+            "--config.model.hidden_size=64", "--config.model.num_hidden_layers=2",
+            f"--config.trainer.output_dir={tmp_path / 'run'}"]
+    summary = ev.main([*args, "--out", str(tmp_path / "eval")])
+    printed = capsys.readouterr().out
+    assert "SimpleSokoban + FrozenLake" in printed and "FrozenLake/success" in printed
+    assert summary["episodes"] == 3  # 3 groups for 4 : 4 -> 2 : 1 (the tie to the first)
+    for tag in ("SimpleSokoban", "FrozenLake"):
+        for key in ("success", "pass@1", "num_turns", "score"):
+            assert f"{tag}/{key}" in summary["metrics"], (tag, key)
+    ours = [json.loads(x) for x in (tmp_path / "eval" / "trajectories.jsonl").read_text().splitlines()]
+    assert [(t["tag"], t["seed"]) for t in ours] == [
+        ("SimpleSokoban", 123), ("SimpleSokoban", 124), ("FrozenLake", 123)]
+    _, batch = Trainer(load_config(args)).validate()
+    assert [(t["tag"], t["seed"], t["messages"][:2]) for t in batch.trajectories] == [
+        (t["tag"], t["seed"], t["messages"][:2]) for t in ours]

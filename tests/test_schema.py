@@ -183,3 +183,83 @@ def test_reward_norm_presets_resolve_and_conflicts_are_errors():
     with pytest.raises(ConfigError, match=r"^algorithm\.reward_norm_method=asym_clip .* "
                                           r"rollout\.use_turn_scores=False"):
         resolve(from_config_dict(c))
+
+
+# -- env.mix -----------------------------------------------------------------------------------
+
+
+def _mixed(*overrides: str):
+    from ragen_jax.config import load_config
+
+    return load_config(["--config", str(ROOT / "configs/mixed.py"), *overrides])
+
+
+def test_mix_preset_round_trips_and_splits_validation_in_proportion():
+    run = from_config_dict(_mixed())
+    assert [(e.name, e.tag, e.groups) for e in run.env.mix] == [
+        ("sokoban", "SimpleSokoban", 4), ("frozenlake", "FrozenLake", 4)]
+    assert from_config_dict(to_config_dict(run)) == run
+    saved = json.loads(to_config_dict(run).to_json_best_effort())  # config.json: lists, not tuples
+    assert from_config_dict(ConfigDict(saved)) == run
+    envs = resolve(run).envs
+    assert [e.val_groups for e in envs] == [128, 128]  # rollout.val_groups 256, half each
+    # 10 validation groups for groups 1 : 2 -> 3.33 : 6.67 -> 3 : 7 (largest remainder).
+    run = from_config_dict(_mixed("--config.rollout.env_groups=3", "--config.rollout.val_groups=10",
+                                  "--config.env.mix.SimpleSokoban.groups=1",
+                                  "--config.env.mix.1.groups=2"))
+    assert [(e.groups, e.val_groups) for e in resolve(run).envs] == [(1, 3), (2, 7)]
+    assert "SimpleSokoban 1 group(s) (validation 3)" in describe(resolve(run))
+
+
+def test_mix_overrides_reach_one_entry():
+    c = _mixed("--config.env.mix.FrozenLake.params.size=5", "--config.env.mix.0.val_groups=6",
+               "--config.env.mix.1.val_groups=250")
+    run = from_config_dict(c)
+    assert run.env.mix[1].params["size"] == 5 and run.env.mix[1].params["p"] == 0.9
+    assert [e.val_groups for e in resolve(run).envs] == [6, 250]
+    with pytest.raises(ValueError, match=r"env\.mix has no entry 'Nope'"):
+        _mixed("--config.env.mix.Nope.groups=1")
+    whole = _mixed("--config.env.mix=({'name': 'frozenlake', 'groups': 8},)")
+    assert [(e.name, e.tag, e.groups) for e in from_config_dict(whole).env.mix] == [("frozenlake", "", 8)]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (("--config.env.mix.0.groups=3",), r"env\.mix: the entries' groups sum to 7, but rollout\.env_groups=8"),
+    (("--config.env.mix.0.val_groups=3",), r"give val_groups to every entry or to none"),
+    (("--config.env.mix.0.val_groups=3", "--config.env.mix.1.val_groups=3"),
+     r"val_groups sum to 6, but rollout\.val_groups=256"),
+    (("--config.env.mix.1.groups=-1",), r"env\.mix\[1\]\.groups must be >= 0"),
+    (("--config.env.mix.1.grups=1",), r"env\.mix\[1\]\.grups: unknown config field"),
+    (("--config.env.mix.1.tag=SimpleSokoban",), r"two entries have the same tag"),
+    (("--config.env.mix.1.tag=a/b",), r"env\.mix\[1\]\.tag: no '/'"),
+    (("--config.env.mix.1.name=",), r"env\.mix\[1\]\.name: required"),
+    (("--config.env.val_extra={'X': {'size': 5}}",), r"env\.val_extra: not used with env\.mix"),
+])
+def test_bad_mix_is_one_line_naming_the_field(overrides, message):
+    with pytest.raises(ConfigError, match=message) as exc:
+        from_config_dict(_mixed(*overrides))
+    assert "\n" not in str(exc.value)
+
+
+def test_without_a_mix_the_envs_are_the_env_and_its_validation_extras():
+    from configs import bandit
+
+    run = from_config_dict(bandit.get_config())
+    assert [(e.tag, e.groups, e.val_groups, e.params) for e in resolve(run).envs] == [
+        ("", 8, 256, {"split": "train"}), ("BanditTest", 0, 256, {"split": "test"})]
+
+
+def test_a_mix_entry_sets_its_own_turn_budgets():
+    countdown = ("{'name': 'countdown', 'tag': 'Countdown', 'groups': 2, 'rollout': "
+                 "{'max_turn': 1, 'max_actions_per_traj': 1, 'max_actions_per_turn': 1}}")
+    lake = "{'name': 'frozenlake', 'groups': 6}"
+    plan = resolve(from_config_dict(_mixed(f"--config.env.mix=({countdown}, {lake})")))
+    first, second = (plan.rollout_for(e) for e in plan.envs)
+    assert (first.max_turn, first.max_actions_per_traj, second.max_turn) == (1, 1, 5)
+    assert first.env_groups == second.env_groups == 8 and second is plan.rollout
+    assert "Countdown 2 group(s) (validation 64; rollout.max_turn=1;" in describe(plan)
+    with pytest.raises(ConfigError, match=r"env\.mix\[0\]\.rollout\.max_turn must be >= 1, got 0"):
+        from_config_dict(_mixed(f"--config.env.mix=({countdown}, {lake})",
+                                "--config.env.mix.Countdown.rollout.max_turn=0"))
+    with pytest.raises(ConfigError, match=r"env\.mix\[0\]\.rollout\.val_seed: not settable per env"):
+        from_config_dict(_mixed("--config.env.mix.0.rollout.val_seed=3"))

@@ -358,7 +358,9 @@ def test_eval_from_checkpoint(reference_run, tmp_path):
     run_dir, _ = reference_run
     summary = main(["--checkpoint", str(run_dir), "--config.rollout.val_groups=4",
                     "--out", str(tmp_path / "ev"), "--config.rollout.val_temperature=0.0"])
-    assert summary["env"] == "bandit" and summary["episodes"] == 4
+    # Validation's envs: 4 Bandit episodes, then 4 of its BanditTest validation env.
+    assert summary["env"] == "bandit" and summary["episodes"] == 8
+    assert summary["metrics"]["Bandit/success"] >= 0 and "BanditTest/success" in summary["metrics"]
     assert (tmp_path / "ev" / "viewer.html").is_file()
     # The run's prompt wording (the tiny preset's compact turn template) is used, so the
     # evaluation reads exactly what validation read on the same seeds.
@@ -437,3 +439,49 @@ def test_warmstart_is_cached_by_its_inputs(tmp_path, monkeypatch):
     reread = Trainer(micro_config(tmp_path / "e"))
     reread.warmstart()
     assert reread.warmstart_loaded_from is not None
+
+
+def test_mixed_run_trains_both_envs_in_one_batch(tmp_path, monkeypatch):
+    """configs/mixed.py on the micro model, one group of each env per step: one update on
+    both envs' rows, per-tag metrics and validation, and the inductive normaliser sees each
+    row's env."""
+    import ragen_jax.train as train
+
+    seen = []
+    real = train.normalize_batch
+
+    def spy(batch, scores, tag_ids, rows, grouping, method):
+        out = real(batch, scores, tag_ids, rows, grouping, method)
+        seen.append((np.asarray(tag_ids).copy(), np.asarray(batch.scores), out.scores))
+        return out
+
+    monkeypatch.setattr(train, "normalize_batch", spy)
+    summary = _run(micro_config(tmp_path, steps=2, env="mixed", extra=(
+        "--config.env.mix.SimpleSokoban.groups=1", "--config.env.mix.FrozenLake.groups=1",
+        "--config.rollout.max_turn=2", "--config.trainer.val_before_train=False",
+        "--config.algorithm.reward_norm_grouping=inductive",
+        "--config.algorithm.reward_norm_method=mean")))
+    assert summary["step"] == 2
+    metrics = read_jsonl(tmp_path / "metrics.jsonl")
+    tags = ("SimpleSokoban", "FrozenLake")
+    assert {k for k in metrics[0] if k.startswith("warmstart/")} >= {
+        f"warmstart/{t}/action_is_effective" for t in tags}
+    for step in (1, 2):
+        m = metrics[step]
+        for tag in tags:
+            for name in ("success", "score", "num_turns", "pass@4", "response_length"):
+                assert f"train/{tag}/{name}" in m, (step, tag, name)
+        assert m["train/batch_size"] == 8 and m["rollout/num_trajectories"] == 8  # 2 groups x 4
+        for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm"):
+            assert np.isfinite(m[key]), key
+        assert 0.0 <= m["rollout/pad_fraction"] < 1.0
+    for tag in tags:
+        assert f"val-env/{tag}/success" in metrics[2]  # val_groups 4: 2 per env
+    assert np.isfinite(metrics[1]["collapse_first_turn_sample/mi_estimate"])  # on the mixed batch
+    for tag_ids, raw, normed in seen:  # the rows' envs: group 0 Sokoban's, group 1 the lake's
+        np.testing.assert_array_equal(tag_ids, [0] * 4 + [1] * 4)
+        np.testing.assert_allclose(normed, raw - np.repeat([raw[:4].mean(), raw[4:].mean()], 4),
+                                   atol=1e-6)
+    val = [json.loads(x) for x in (tmp_path / "trajectories" / "val_step00002.jsonl").read_text().splitlines()]
+    assert [(t["tag"], t["seed"]) for t in val] == [
+        ("SimpleSokoban", 123), ("SimpleSokoban", 124), ("FrozenLake", 123), ("FrozenLake", 124)]

@@ -114,6 +114,11 @@ class RolloutBatch:
     episodes: list[Episode] = dataclasses.field(default_factory=list, repr=False)
     pad_id: int = 0
     pad_multiple: int = 64
+    tag_ids: np.ndarray | None = None  # [B] int32, the row's env of the run (``concat_batches``); None = all 0
+
+    def __post_init__(self):
+        if self.tag_ids is None:
+            self.tag_ids = np.zeros(self.scores.shape[0], np.int32)
 
     def turn_samples(self) -> TurnSamples:
         """One row per played turn (see ``TurnSamples``), built on first use."""
@@ -337,3 +342,62 @@ def rollout_metrics(eps: Sequence[Episode], batch: RolloutBatch, *, tag: str,
         "rollout/prompt_tokens": float(sum(len(p) for ep in eps for p in ep.turn_prompts)),
         "rollout/prefill_tokens": float(sum(t.get("prefill_tokens", 0) for t in turns)),
     }
+
+
+# Per-row arrays of ``RolloutBatch`` (concatenated as they are) and per-token ones (padded).
+_ROW_FIELDS = ("scores", "episodic_return", "success", "num_actions", "num_turns", "seeds")
+_TOKEN_FIELDS = ("input_ids", "attention_mask", "position_ids", "loss_mask", "logprobs",
+                 "model_logprobs", "token_rewards", "turn_ids")
+
+
+def concat_batches(batches: Sequence[RolloutBatch], tag_ids: Sequence[int]) -> RolloutBatch:
+    """One batch of several rollouts' (one per env of a mixed run, ``rollout.mix``): rows
+    in order, token arrays right-padded to the widest batch (``pad_id`` / zeros: padding as
+    in any batch), group and env ids renumbered to stay unique, ``tag_ids`` the row's entry
+    of ``tag_ids`` (one per batch). Metrics: the per-tag ones side by side (the tags differ),
+    the ``rollout/`` counters summed; timings summed. A single batch comes back as it is,
+    with its tag id set."""
+    if len(batches) == 1:
+        return dataclasses.replace(batches[0], tag_ids=np.full(batches[0].scores.shape[0],
+                                                                tag_ids[0], np.int32))
+    width = max(b.input_ids.shape[1] for b in batches)
+    first = batches[0]
+
+    def widened(b: RolloutBatch, name: str) -> np.ndarray:
+        x = getattr(b, name)
+        fill = b.pad_id if name == "input_ids" else 0
+        return np.pad(x, ((0, 0), (0, width - x.shape[1])), constant_values=fill)
+
+    group_offsets = np.cumsum([0] + [int(b.group_ids.max(initial=-1)) + 1 for b in batches])
+    row_offsets = np.cumsum([0] + [b.scores.shape[0] for b in batches])
+    fields = {name: np.concatenate([widened(b, name) for b in batches]) for name in _TOKEN_FIELDS}
+    fields |= {name: np.concatenate([getattr(b, name) for b in batches]) for name in _ROW_FIELDS}
+    group_ids = np.concatenate([b.group_ids + o for b, o in zip(batches, group_offsets, strict=False)])
+    trajectories = []
+    for b, groups, rows in zip(batches, group_offsets, row_offsets, strict=False):
+        trajectories += [t | {"env_id": t["env_id"] + int(rows), "group_id": t["group_id"] + int(groups)}
+                         for t in b.trajectories]
+    metrics: dict[str, float] = {}
+    timing: dict[str, float] = {}
+    for b in batches:
+        for k, v in b.metrics.items():
+            metrics[k] = metrics.get(k, 0.0) + v if k.startswith("rollout/") else v
+        for k, v in b.timing.items():
+            timing[k] = timing.get(k, 0.0) + v
+    return RolloutBatch(
+        **fields, group_ids=group_ids.astype(np.int32),
+        env_ids=np.arange(row_offsets[-1], dtype=np.int32), metrics=metrics,
+        trajectories=trajectories, timing=timing,
+        episodes=[ep for b in batches for ep in b.episodes], pad_id=first.pad_id,
+        pad_multiple=first.pad_multiple,
+        tag_ids=np.repeat(np.asarray(tag_ids, np.int32), np.diff(row_offsets)))
+
+
+def padding_fraction(lengths: np.ndarray, pad_multiple: int) -> float:
+    """The share of padding in rows of ``lengths [B]`` real tokens cut to the longest, rounded
+    up to ``pad_multiple`` (the width the update trains a batch at when no group is filtered)."""
+    lengths = np.asarray(lengths)
+    if not lengths.size:
+        return 0.0
+    width = max(pad_multiple, -(-int(lengths.max()) // pad_multiple) * pad_multiple)
+    return float(1.0 - lengths.sum() / (lengths.size * width))
