@@ -485,3 +485,28 @@ def test_mixed_run_trains_both_envs_in_one_batch(tmp_path, monkeypatch):
     val = [json.loads(x) for x in (tmp_path / "trajectories" / "val_step00002.jsonl").read_text().splitlines()]
     assert [(t["tag"], t["seed"]) for t in val] == [
         ("SimpleSokoban", 123), ("SimpleSokoban", 124), ("FrozenLake", 123), ("FrozenLake", 124)]
+
+
+def test_mixed_countdown_and_sokoban_run(tmp_path):
+    """configs/mixed_countdown.py on the micro model (issue 21: a mixed Countdown + Sokoban
+    run): a one-step host env with its own rollout budget next to a multi-turn JAX env, one
+    group each, two updates with finite losses and per-tag metrics."""
+    summary = _run(micro_config(tmp_path, steps=2, env="mixed_countdown", extra=(
+        "--config.env.mix.SimpleSokoban.groups=1", "--config.env.mix.Countdown.groups=1",
+        "--config.rollout.max_turn=2", "--config.trainer.val_before_train=False")))
+    assert summary["step"] == 2
+    metrics = read_jsonl(tmp_path / "metrics.jsonl")
+    tags = ("SimpleSokoban", "Countdown")
+    for step in (1, 2):
+        m = metrics[step]
+        for tag in tags:
+            for name in ("success", "score", "num_turns", "response_length"):
+                assert f"train/{tag}/{name}" in m, (step, tag, name)
+        assert m["train/Countdown/num_turns"] == 1.0  # the entry's own max_turn=1
+        assert m["train/batch_size"] == 8
+        for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm"):
+            assert np.isfinite(m[key]), key
+    for tag in tags:
+        assert f"val-env/{tag}/success" in metrics[2]
+    val = [json.loads(x) for x in (tmp_path / "trajectories" / "val_step00002.jsonl").read_text().splitlines()]
+    assert [t["tag"] for t in val] == ["SimpleSokoban"] * 2 + ["Countdown"] * 2
