@@ -2,8 +2,8 @@
 once, ``+ - * /`` and parentheses; one answer per episode (reward 1 correct, 0.1 right numbers
 but wrong value, 0 otherwise). A host environment (``ragen_jax.envs.countdown``): puzzles
 generated from the seed (3-4 numbers up to 99, targets up to 100, solvable by construction);
-``--config.env.params.data_path=puzzles.jsonl`` (or ``.parquet``) reads RAGEN-style
-``{"target", "nums"}`` rows instead.
+``--config.env.params.data_path=puzzles.jsonl`` (or ``.parquet``, with the ``parquet`` extra:
+pyarrow) reads RAGEN-style ``{"target", "nums"}`` rows instead.
 
 ``python launch.py --config configs/countdown.py[:preset]``.
 """

@@ -408,7 +408,7 @@ def build_envs(run: RunConfig) -> dict[str, tuple[Any, Any]]:
         where = f"env.mix[{i}]" if run.env.mix else "env"
         try:
             env, params = make(spec.name, **spec.params)
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, ImportError) as e:  # e.g. a data file, its reader missing
             raise ConfigError(f"{where}: {e}") from None
         tag = spec.tag or env.name
         if tag in envs:

@@ -9,8 +9,9 @@ numbers but misses (or divides by zero), 0 otherwise. ``info["success"]``: the r
 Puzzles come from the seed (``generate``: 3 to 4 numbers, a random expression tree over all
 of them whose value, a positive integer up to ``max_target``, becomes the target, so every
 puzzle is solvable by construction) or, with ``data_path``, from a JSONL or parquet file of
-``{"target": int, "nums": [int, ...]}`` rows (``numbers`` is accepted for ``nums``), row
-``seed mod len`` as RAGEN picks it.
+``{"target": int, "nums": [int, ...]}`` rows (``numbers`` is accepted for ``nums``; parquet
+through pyarrow, ``pip install 'ragen_jax[parquet]'``), row ``seed mod len`` as RAGEN picks
+it; a malformed file is a one-line ``ValueError`` naming the file, the row and the field.
 
 Host-side, not JAX: the step parses free text. Differences from RAGEN (deliberate):
 
@@ -31,6 +32,7 @@ import json
 import os
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -86,26 +88,60 @@ def _random_tree(rng: np.random.Generator, numbers: tuple[int, ...]) -> tuple[Fr
     return value, text[1:-1] if text.startswith("(") else text
 
 
+def _integer(x: Any) -> int:
+    """``x`` as an int when it is one (``6``, ``6.0``, a numpy integer); else ValueError."""
+    if isinstance(x, (str, bytes, bool)) or int(x) != x:
+        raise ValueError(x)
+    return int(x)
+
+
+def _parquet_rows(path: str) -> list[dict]:
+    """The rows of a parquet file as dicts (``pyarrow``: ``pip install 'ragen_jax[parquet]'``)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError(f"reading {path} needs pyarrow: pip install 'ragen_jax[parquet]' "
+                          f"(or give a JSONL file)") from None
+    try:
+        return pq.read_table(path).to_pylist()
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{path}: not a readable parquet file ({first})") from None
+
+
 @functools.lru_cache(maxsize=8)
 def _read_puzzles(path: str, mtime: float) -> tuple[Puzzle, ...]:
     del mtime  # part of the cache key only: an edited file is read again
     suffix = Path(path).suffix.lower()
     if suffix == ".parquet":
-        try:
-            import pandas
-            rows = pandas.read_parquet(path).to_dict("records")
-        except ImportError as e:
-            raise ImportError(f"reading {path} needs pandas with pyarrow ({e})") from None
+        rows = _parquet_rows(path)
     else:
-        rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines()
-                if line.strip()]
+        rows = []
+        for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path} line {n}: not JSON ({e})") from None
     puzzles = []
     for n, row in enumerate(rows, 1):
+        where = f"{path} row {n}"
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: expected an object with 'target' and 'nums', got "
+                             f"{type(row).__name__}")
+        for field in ("target", "nums"):
+            if row.get(field, row.get("numbers") if field == "nums" else None) is None:
+                raise ValueError(f"{where}: no '{field}' (need 'target' and 'nums')")
+        nums = row["nums"] if row.get("nums") is not None else row["numbers"]
         try:
-            nums = row["nums"] if "nums" in row else row["numbers"]
-            puzzles.append(Puzzle(int(row["target"]), tuple(int(x) for x in nums)))
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{path} row {n}: need 'target' and 'nums' ({e!r})") from None
+            target = _integer(row["target"])
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"{where}: 'target' must be an integer, got {row['target']!r}") from None
+        try:
+            numbers = tuple(_integer(x) for x in nums)
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"{where}: 'nums' must be a list of integers, got {nums!r}") from None
+        puzzles.append(Puzzle(target, numbers))
     if not puzzles:
         raise ValueError(f"{path} holds no puzzle")
     return tuple(puzzles)

@@ -4,6 +4,7 @@ answers, determinism per seed, file-backed puzzles."""
 import itertools
 import json
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -112,3 +113,72 @@ def test_puzzles_from_a_jsonl_file(tmp_path):
     path.write_text('{"target": 6}\n')
     with pytest.raises(ValueError, match="row 1"):
         make("countdown", data_path=str(path))
+
+
+def _write_parquet(path, columns):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table(columns), path)
+
+
+def test_puzzles_from_a_parquet_file(tmp_path):
+    """RAGEN's Countdown data is parquet (``target``, ``nums`` columns; extra columns ignored):
+    read through pyarrow (the ``parquet`` extra) and played row ``seed mod len``."""
+    path = tmp_path / "puzzles.parquet"
+    _write_parquet(path, {"target": [6, 10], "nums": [[1, 2, 3], [2, 5]], "id": ["a", "b"]})
+    assert load_puzzles(path) == (Puzzle(6, (1, 2, 3)), Puzzle(10, (2, 5)))
+    family, _ = make("countdown", data_path=str(path))
+    env = family.factory()
+    assert env.reset(1) == "Target: 10, nums: [2, 5]"
+    assert env.step("5 * 2")[1:3] == (1.0, True)
+    assert env.reset(2) == "Target: 6, nums: [1, 2, 3]"
+    assert env.step("3 * 2 * 1")[1] == 1.0
+    numbers = tmp_path / "numbers.parquet"  # float targets that are integers, 'numbers' column
+    _write_parquet(numbers, {"target": [6.0], "numbers": [[1, 2, 3]]})
+    assert load_puzzles(numbers) == (Puzzle(6, (1, 2, 3)),)
+
+
+@pytest.mark.parametrize("columns, message", [
+    ({"target": [6, 7]}, "row 1: no 'nums'"),
+    ({"nums": [[1, 2]]}, "row 1: no 'target'"),
+    ({"target": [6, None], "nums": [[1, 2, 3], [2, 5]]}, "row 2: no 'target'"),
+    ({"target": [6.5], "nums": [[1, 2, 3]]}, "row 1: 'target' must be an integer, got 6.5"),
+    ({"target": [6], "nums": [["1", "x"]]}, "row 1: 'nums' must be a list of integers"),
+    ({"target": [6], "nums": [[1.0, 2.5]]}, "row 1: 'nums' must be a list of integers"),
+])
+def test_a_malformed_parquet_file_is_a_one_line_error(tmp_path, columns, message):
+    from ragen_jax.schema import ConfigError, from_config_dict
+    from ragen_jax.train import build_envs
+
+    path = tmp_path / "bad.parquet"
+    _write_parquet(path, columns)
+    with pytest.raises(ValueError) as e:
+        load_puzzles(path)
+    assert str(e.value).startswith(f"{path} {message}") and "\n" not in str(e.value)
+    # As a run reports it (launch.py prints a ConfigError as its one line).
+    from ragen_jax.config import load_config
+
+    config = Path(__file__).resolve().parents[2] / "configs/countdown.py"
+    run = from_config_dict(load_config(["--config", str(config),
+                                        f"--config.env.params.data_path={path}"]))
+    with pytest.raises(ConfigError) as e:
+        build_envs(run)
+    assert str(e.value).startswith(f"env: {path} {message}") and "\n" not in str(e.value)
+
+
+def test_a_file_that_is_not_parquet_and_a_missing_reader(tmp_path, monkeypatch):
+    path = tmp_path / "junk.parquet"
+    path.write_bytes(b"not parquet at all\n" * 10)
+    with pytest.raises(ValueError, match=r"junk\.parquet: not a readable parquet file \(") as e:
+        load_puzzles(path)
+    assert "\n" not in str(e.value)
+    bad_json = tmp_path / "bad.jsonl"
+    bad_json.write_text('{"target": 6, "nums": [1, 2, 3]}\n{"target": 6,\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl line 2: not JSON"):
+        load_puzzles(bad_json)
+    other = tmp_path / "other.parquet"  # not read before: not in the reader's cache
+    _write_parquet(other, {"target": [6], "nums": [[1, 2, 3]]})
+    monkeypatch.setitem(__import__("sys").modules, "pyarrow.parquet", None)  # not installed
+    with pytest.raises(ImportError, match=r"needs pyarrow: pip install 'ragen_jax\[parquet\]'"):
+        load_puzzles(other)
