@@ -1,16 +1,18 @@
 """The rollout's driver for host environments (``ragen_jax.envs.host``).
 
 One ``HostEnv`` instance per row (kept between rollouts, replaced after a failure). Each turn
-the rows' calls (a reset, or the row's actions stepped in order until done) run on worker
-threads: ``max_workers`` of them when the env is ``parallel_friendly``, else one, so a
-non-thread-safe env is still stepped by one thread at a time. Threads pay off when steps wait
-(a subprocess, a server); a CPU-bound Python env holds the GIL and gains nothing from them.
+the rows' calls (a reset, building the row's instance first when it has none, or the row's
+actions stepped in order until done) run on worker threads: ``max_workers`` of them when the
+env is ``parallel_friendly``, else one, so a non-thread-safe env is still stepped (and built)
+by one thread at a time. Threads pay off when steps wait (a subprocess, a server); a
+CPU-bound Python env holds the GIL and gains nothing from them.
 
 **Failures cost an episode, never the run.** A call that raises, returns something that is not
 ``(str, finite number, bool, dict)``, or spends more than ``step_timeout`` seconds in one
-``reset`` / ``step`` ends its episode: the error text (``"ValueError: ..."``, ``"timed out:
-..."``) is recorded in ``StepOutcome.errors`` (the rollout writes it into the episode and its
-turn record, and counts ``rollout/env_errors``), the rewards of the actions already stepped in
+``reset`` (with the instance's construction, when it needs one) or ``step`` ends its episode:
+the error text (``"ValueError: ..."``, ``"timed out: ..."``; ``"reset: ..."`` for a reset) is
+recorded in ``StepOutcome.errors`` (the rollout writes it into the episode and its turn
+record, and counts ``rollout/env_errors``), the rewards of the actions already stepped in
 that turn are kept, and the instance is dropped (a fresh one replaces it at the next reset).
 Python cannot stop a thread, so a hung call's thread is abandoned: it is a daemon thread (it
 never blocks the interpreter's exit), it takes no further work, and a new thread takes its
@@ -145,6 +147,7 @@ class _Turn:
     done: bool = False
     truncated: bool = False
     success: bool = False
+    names: tuple[str, ...] = ()  # the env's action names after the turn
 
     def __call__(self, mark: Callable[[], None]) -> _Turn:
         for action in self.actions:
@@ -157,6 +160,7 @@ class _Turn:
                 self.done, self.success = True, bool(info.get("success", False))
                 self.truncated = bool(info.get("truncated", False))
                 break
+        self.names = _names(self.env)  # in the call: a property that raises costs the episode
         return self
 
 
@@ -188,27 +192,35 @@ class HostEnvDriver:
         seeds = [int(s) for s in np.asarray(seeds).reshape(-1)]
         while len(self.instances) < len(seeds):
             self.instances.append(None)
-        envs = [self._instance(b) for b in range(len(seeds))]
 
-        def reset_one(env: HostEnv, seed: int) -> Call:
-            def call(mark: Callable[[], None]) -> str:
+        def reset_one(env: HostEnv | None, seed: int) -> Call:
+            # Building a missing instance is part of the call: a factory that raises or hangs
+            # costs the episode (under the same timeout), as a reset that does.
+            def call(mark: Callable[[], None]) -> tuple[HostEnv, str, tuple[str, ...]]:
                 mark()
+                nonlocal env
+                if env is None:
+                    env = self.family.factory()
+                    if not isinstance(env, HostEnv):
+                        raise TypeError(f"the env factory built a {type(env).__name__}, not a HostEnv")
                 text = env.reset(seed)
                 if not isinstance(text, str):
                     raise TypeError(f"reset returned a {type(text).__name__}, not a str")
-                return text
+                return env, text, _names(env)
             return call
 
-        results = self.runner.run([reset_one(e, s) for e, s in zip(envs, seeds, strict=True)])
+        results = self.runner.run([reset_one(self.instances[b], s) for b, s in enumerate(seeds)])
         states = np.empty(len(seeds), object)
         errors = {}
-        for b, (text, error) in enumerate(results):
+        for b, (value, error) in enumerate(results):
             if error:
                 errors[b] = f"reset: {error}"
                 self.instances[b] = None
                 states[b] = HostState("", (), None)
             else:
-                states[b] = HostState(text, _names(envs[b]), envs[b])
+                env, text, names = value
+                self.instances[b] = env
+                states[b] = HostState(text, names, env)
         return states, states, errors
 
     def step(self, states: Any, actions: dict[int, TurnActions],
@@ -234,14 +246,9 @@ class HostEnvDriver:
             terminated[b] = turn.done and not turn.truncated
             truncated[b] = turn.truncated
             success[b] = turn.success
-            states[b] = HostState(turn.text, _names(turn.env), turn.env)
+            states[b] = HostState(turn.text, turn.names, turn.env)
         return states, states, StepOutcome(reward, executed, effective, terminated, truncated,
                                            success, errors)
-
-    def _instance(self, row: int) -> HostEnv:
-        if self.instances[row] is None:
-            self.instances[row] = self.family.factory()
-        return self.instances[row]
 
 
 def _names(env: HostEnv) -> tuple[str, ...]:

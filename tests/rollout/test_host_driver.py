@@ -112,6 +112,54 @@ def test_a_failed_reset_ends_the_episode_before_it_starts(tok):
     assert batch.num_turns.tolist() == [1, 1, 0, 0] and batch.success.tolist() == [True, True, False, False]
 
 
+def test_a_reset_that_hangs_past_the_timeout_costs_its_episodes(tok):
+    """A reset is under the step timeout: its episodes are recorded failures, the others and
+    the next rollout play on (the hung instances are dropped, fresh ones replace them)."""
+    class SlowSeed(Moody):
+        def reset(self, seed):
+            if seed == 12:
+                time.sleep(3.0)
+            return super().reset(seed)
+
+    rollout = AgentRollout(HostEnvFamily(SlowSeed, step_timeout=0.3), None, tok, CFG)
+    policy = ScriptedPolicy.from_texts(tok, lambda row, call: answer_text(["win"], CFG.context))
+    t0 = time.perf_counter()
+    batch = rollout.collect(policy, np.array([11, 12]), jax.random.key(0))
+    assert time.perf_counter() - t0 < 2.5  # neither 3 s sleep is waited for
+    errors = [t["env_error"] for t in batch.trajectories]
+    assert errors[:2] == ["", ""] and all(e.startswith("reset: timed out") for e in errors[2:])
+    assert batch.success.tolist() == [True, True, False, False]
+    assert batch.metrics["rollout/env_errors"] == 2.0
+    batch = rollout.collect(policy, np.array([13, 14]), jax.random.key(1))
+    assert batch.success.all() and batch.metrics["rollout/env_errors"] == 0.0
+
+
+def test_building_an_instance_is_under_the_timeout_too(tok):
+    """A row's instance is built inside its reset call: a factory that raises or hangs costs
+    that row's episode, not the run, and the row gets a fresh instance next time."""
+    built = []
+
+    def factory():
+        built.append(len(built))
+        if len(built) == 3:  # the prototype, row 0, then row 1's instance
+            raise RuntimeError("no licence left")
+        if len(built) == 4:  # row 2's
+            time.sleep(3.0)
+        return Moody()
+
+    rollout = AgentRollout(HostEnvFamily(factory, step_timeout=0.3), None, tok, CFG)
+    policy = ScriptedPolicy.from_texts(tok, lambda row, call: answer_text(["win"], CFG.context))
+    t0 = time.perf_counter()
+    batch = rollout.collect(policy, np.array([11, 12]), jax.random.key(0))
+    assert time.perf_counter() - t0 < 2.5
+    errors = [t["env_error"] for t in batch.trajectories]
+    assert errors[0] == errors[3] == ""
+    assert errors[1] == "reset: RuntimeError: no licence left" and errors[2].startswith("reset: timed out")
+    assert batch.success.tolist() == [True, False, False, True]
+    batch = rollout.collect(policy, np.array([11, 12]), jax.random.key(0))
+    assert batch.success.all() and len(built) == 7  # rows 1 and 2 rebuilt, rows 0 and 3 kept
+
+
 def test_free_text_turns_and_prompts(tok):
     batch = _play(tok, lambda row, call: ["go"])
     t = batch.trajectories[0]
