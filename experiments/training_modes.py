@@ -108,7 +108,7 @@ def main() -> None:
         for name, folder in folders.items():
             print(f"{name}: {run(name, folder) / 60:.1f} min", flush=True)
     table = ["| run | tag | steps | step wall min (validation excluded) | validation success "
-             "(256 seeds, T=0.5) | mean training-batch success | losses finite |",
+             "(T=0.5; 256 episodes, split between the tags of a mix) | mean training-batch success | losses finite |",
              "|---|---|---|---|---|---|---|"]
     for name, folder in folders.items():
         table += summarize(name, folder)
