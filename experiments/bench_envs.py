@@ -167,21 +167,25 @@ def generate_levels(source: str, dim, num_boxes: int, search_depth: int, n: int)
 
 # Sokoban difficulty parity (issue 21): RAGEN's LargerSokoban-like settings with 1-3 boxes, at
 # RAGEN's two search depths. gym-sokoban's generate_room always searches to depth 300; at 10x10
-# with 3 boxes it makes under one level a second, so it is timed on a few levels only.
+# with 3 boxes it makes about one level a second, so it is timed on GYM_LEVELS_3_BOXES levels
+# (and their solution lengths are not measured).
+GYM_LEVELS_3_BOXES = 30
 DIFFICULTY_SETTINGS = [((6, 6), 1), ((8, 8), 2), ((10, 10), 3)]
 DIFFICULTY_DEPTHS = (10, 300)
 
 
-def sokoban_difficulty_rows(n_levels: int, gym_levels: int) -> tuple[list[str], dict]:
+def sokoban_difficulty_rows(n_levels: int, gym_levels: int, cell: str | None = None
+                            ) -> tuple[list[str], dict]:
     """Per setting and depth: BFS-optimal solution lengths of ``n_levels`` of our levels and of
     the RAGEN-style generator's (and gym-sokoban's at depth 300, ``gym_levels`` of them), and
-    levels/s of each generator."""
+    levels/s of each generator. ``cell`` (e.g. ``"10x10/3/300"``) runs that one cell only."""
     lines = [f"## Sokoban difficulty: BFS-optimal solution lengths ({n_levels} levels per cell) "
              "and generation speed", "",
              "Ours: the on-device reverse search (`vmap`ped reset of the whole batch, jitted, "
              "compile excluded). RAGEN-style: `experiments/ragen_style_generator.py` (RAGEN's "
              "reverse DFS at the given depth). gym-sokoban: `room_utils.generate_room` (depth "
-             f"300 whatever the setting; {gym_levels} levels). *Within 10%*: our median and p90 "
+             f"300 whatever the setting; {gym_levels} levels, {GYM_LEVELS_3_BOXES} with 3 boxes, "
+             "lengths not measured). *Within 10%*: our median and p90 "
              "each within 10% of the RAGEN-style generator's. Speeds include failed seeds for the "
              "plain-Python generators.", "",
              "| setting | ours median / p90 (mean) | RAGEN-style median / p90 (mean) | "
@@ -191,10 +195,14 @@ def sokoban_difficulty_rows(n_levels: int, gym_levels: int) -> tuple[list[str], 
     all_lengths = {}
     gym_rates = {}
     for dim, boxes in DIFFICULTY_SETTINGS:
-        gym_n = gym_levels if boxes < 3 else 3
+        if cell and not cell.startswith(f"{dim[0]}x{dim[1]}/{boxes}/"):
+            continue
+        gym_n = gym_levels if boxes < 3 else GYM_LEVELS_3_BOXES
         gym_levels_made, gym_rates[dim] = generate_levels("gym-sokoban", dim, boxes, 300, gym_n)
         gym_lengths = [len(solve(*level)) for level in gym_levels_made] if boxes < 3 else None
         for depth in DIFFICULTY_DEPTHS:
+            if cell and cell != f"{dim[0]}x{dim[1]}/{boxes}/{depth}":
+                continue
             setting = f"{dim[0]}x{dim[1]}, {boxes} box(es), search_depth {depth}"
             stats, rates = {}, {}
             for source in ("ragen_jax", "ragen-style"):
@@ -407,6 +415,8 @@ def main() -> None:
     parser.add_argument("--sokoban-only", action="store_true",
                         help="only the Sokoban difficulty section (bench_envs_sokoban.md)")
     parser.add_argument("--levels", type=int, default=None, help="levels per difficulty cell")
+    parser.add_argument("--cell", default=None,
+                        help="with --sokoban-only: one cell, e.g. 10x10/3/300 (prints, writes nothing)")
     args = parser.parse_args()
     sizes = [1, 64] if args.quick else [1, 64, 1024, 4096]
     n_levels = args.levels or (30 if args.quick else 300)
@@ -419,6 +429,9 @@ def main() -> None:
         print(f"wrote {RESULTS / 'bench_envs_host.md'}")
         return
 
+    if args.sokoban_only and args.cell:
+        sokoban_difficulty_rows(n_levels, 40 if args.quick else 300, args.cell)
+        return
     if args.sokoban_only:
         difficulty, all_lengths = sokoban_difficulty_rows(n_levels, 40 if args.quick else 300)
         lines += difficulty
