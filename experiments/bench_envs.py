@@ -18,7 +18,8 @@ Writes ``experiments/results/bench_envs.md`` and ``bench_envs_solution_lengths.p
 the tables. ``--quick`` runs smaller sizes (a smoke test, a minute or two); ``--host-only``
 runs only the host-env section and writes ``experiments/results/bench_envs_host.md``;
 ``--sokoban-only`` only the Sokoban difficulty section (``bench_envs_sokoban.md``, about ten
-minutes on two cores with the default 300 levels per cell; ``--levels`` sets that number).
+minutes on two cores with the default 300 levels per cell; ``--levels`` sets that number;
+``--cell 10x10/3/300`` runs one cell and only prints its row).
 
     pip install -e ".[bench]" && python experiments/bench_envs.py
 """

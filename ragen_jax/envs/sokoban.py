@@ -577,6 +577,11 @@ def generate_level(key: jax.Array, dim_room: tuple[int, int], num_boxes: int, nu
     ``fold_in(key, try)``, at most ``max_tries`` times. If every try failed, ``ok`` is False and
     the level is ``fallback_level`` (never a solved one). ``boxes_on_target`` is counted, so a
     level can never pay a reward for a box it did not move.
+
+    Under ``vmap`` (a custom batching rule) the first try runs on the whole batch and later
+    tries only on the levels still failing, in chunks of ``batch / _RETRY_CHUNKS``, instead of
+    the whole batch repeating tries until its unluckiest level is done; every key still gets
+    the level it gets unbatched.
     """
     budget = search_depth - 2
 
