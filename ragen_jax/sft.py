@@ -112,16 +112,7 @@ def turn_observation_rows(episodes: Sequence[Episode], chat: ChatFormat, *,
             masks.append([False] * len(head) + [True] * len(answer))
     if not rows:
         raise ValueError("no answered turn to cut observation rows from")
-    width = -(-max(map(len, rows)) // pad_multiple) * pad_multiple
-    out = {"input_ids": np.full((len(rows), width), chat.pad_id, np.int32),
-           "attention_mask": np.zeros((len(rows), width), bool),
-           "loss_mask": np.zeros((len(rows), width), bool)}
-    for b, (r, m) in enumerate(zip(rows, masks, strict=True)):
-        out["input_ids"][b, :len(r)] = r
-        out["attention_mask"][b, :len(r)] = True
-        out["loss_mask"][b, :len(r)] = m
-    out["position_ids"] = np.maximum(np.cumsum(out["attention_mask"], 1) - 1, 0).astype(np.int32)
-    return out
+    return _left_aligned(rows, masks, pad_id=chat.pad_id, pad_multiple=pad_multiple)
 
 
 def concat_data(parts: list[dict[str, np.ndarray]], *, pad_id: int) -> dict[str, np.ndarray]:
@@ -180,8 +171,15 @@ def conversation_data(path: str | os.PathLike, tokenizer: Any, *, max_len: int,
         masks.append(mask[:max_len])
     if not rows:
         raise ValueError(f"sft.data: {path} holds no conversation")
-    width = -(-max(len(r) for r in rows) // pad_multiple) * pad_multiple
-    out = {"input_ids": np.full((len(rows), width), chat.pad_id, np.int32),
+    return _left_aligned(rows, masks, pad_id=chat.pad_id, pad_multiple=pad_multiple)
+
+
+def _left_aligned(rows: list[list[int]], masks: list[list[bool]], *, pad_id: int,
+                  pad_multiple: int) -> dict[str, np.ndarray]:
+    """Token rows as left-aligned ``[N, L]`` arrays (``L`` a multiple of ``pad_multiple``),
+    the loss on ``masks``."""
+    width = -(-max(map(len, rows)) // pad_multiple) * pad_multiple
+    out = {"input_ids": np.full((len(rows), width), pad_id, np.int32),
            "attention_mask": np.zeros((len(rows), width), bool),
            "loss_mask": np.zeros((len(rows), width), bool)}
     for b, (r, m) in enumerate(zip(rows, masks, strict=True)):
