@@ -1,4 +1,4 @@
-"""Countdown and SimpleSokoban in one run (issue 21's "a mixed Countdown + Sokoban run"): a
+"""Countdown and SimpleSokoban in one run: a
 one-step host env (free-text arithmetic answers) and a multi-turn JAX grid world, 4 groups
 each per step, trained in one batch.
 

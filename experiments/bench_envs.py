@@ -166,7 +166,7 @@ def generate_levels(source: str, dim, num_boxes: int, search_depth: int, n: int)
     return levels, n / (time.perf_counter() - start)
 
 
-# Sokoban difficulty parity (issue 21): RAGEN's LargerSokoban-like settings with 1-3 boxes, at
+# Sokoban difficulty parity: RAGEN's LargerSokoban-like settings with 1-3 boxes, at
 # RAGEN's two search depths. gym-sokoban's generate_room always searches to depth 300; at 10x10
 # with 3 boxes it makes about one level a second, so it is timed on GYM_LEVELS_3_BOXES levels
 # (and their solution lengths are not measured).
