@@ -123,7 +123,7 @@ def _generator(env: Sokoban, num_gen_steps: int | None = None, searches_per_try:
     """``generate_level`` with the env's settings, some overridden; jitted and vmapped."""
     return jax.jit(jax.vmap(lambda k: generate_level(
         k, env.dim_room, env.num_boxes,
-        env.num_gen_steps if num_gen_steps is None else num_gen_steps, env.search_depth,
+        env.num_gen_steps if num_gen_steps is None else num_gen_steps, env.search_budget,
         env.num_walks, env.num_pulls, env.greedy, env.lookahead,
         env.num_layouts if num_layouts is None else num_layouts,
         env.searches_per_try if searches_per_try is None else searches_per_try,
