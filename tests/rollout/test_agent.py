@@ -10,7 +10,6 @@ from flax import nnx
 
 from ragen_jax.envs import make
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig, positions_from_mask
-from ragen_jax.models import tokenizer as tk
 from ragen_jax.rollout import Sampler, SamplingParams, ScriptedPolicy
 from ragen_jax.rollout.agent import (
     AgentRollout,
@@ -25,16 +24,6 @@ from ragen_jax.starpo.update import token_logprobs
 
 CFG = RolloutConfig(env_groups=2, group_size=2, response_length=32)
 SEEDS = np.array([3, 4])
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tk.load(None)
-
-
-@pytest.fixture(scope="module")
-def sokoban():
-    return make("sokoban")
 
 
 def _rollout(sokoban, tok, **kw):

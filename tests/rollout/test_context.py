@@ -20,11 +20,6 @@ NAMES = ("Up", "Down", "Left", "Right")
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return tk.load(None)
-
-
-@pytest.fixture(scope="module")
 def chat(tok):
     return ChatFormat(tok, CFG)
 

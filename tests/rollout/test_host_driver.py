@@ -12,18 +12,12 @@ import pytest
 
 from ragen_jax.envs import make
 from ragen_jax.envs.host import HostEnv, HostEnvFamily
-from ragen_jax.models import tokenizer as tk
 from ragen_jax.rollout import ScriptedPolicy
 from ragen_jax.rollout.agent import AgentRollout, RolloutConfig
 from ragen_jax.rollout.scripted import RandomActionPolicy, answer_text
 
 CFG = RolloutConfig(env_groups=2, group_size=2, max_turn=2, max_actions_per_traj=4,
                     max_actions_per_turn=2, response_length=32, enable_think=False)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tk.load(None)
 
 
 class Moody(HostEnv):

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from ragen_jax.envs import make
-from ragen_jax.models import tokenizer as tk
 from ragen_jax.rollout import ScriptedPolicy
 from ragen_jax.rollout.agent import AgentRollout, RolloutConfig, train_seeds
 from ragen_jax.rollout.mix import EnvSlot, collect_train, collect_val, tag_metrics
@@ -21,11 +20,6 @@ CFG = RolloutConfig(env_groups=3, group_size=2, max_turn=2, response_length=16,
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN_FIELDS = ("input_ids", "attention_mask", "position_ids", "loss_mask", "logprobs",
                 "token_rewards", "turn_ids")
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tk.load(None)
 
 
 @pytest.fixture(scope="module")

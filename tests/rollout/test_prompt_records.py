@@ -7,17 +7,11 @@ import jax
 import pytest
 
 from ragen_jax.envs import make
-from ragen_jax.models import tokenizer as tk
 from ragen_jax.rollout import ScriptedPolicy
 from ragen_jax.rollout.agent import AgentRollout, RolloutConfig
 from ragen_jax.viewer import render_html
 
 ANSWER = "x</think><answer>Up</answer>"
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tk.load(None)
 
 
 def _play(tok, cfg):

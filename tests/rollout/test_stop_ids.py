@@ -6,18 +6,12 @@ import numpy as np
 import pytest
 
 from ragen_jax.envs import make
-from ragen_jax.models import tokenizer as tk
 from ragen_jax.rollout import ScriptedPolicy
 from ragen_jax.rollout.agent import AgentRollout, RolloutConfig
 from ragen_jax.rollout.context import ChatFormat, ContextConfig
 
 CFG = RolloutConfig(env_groups=1, group_size=2, response_length=32, max_turn=2)
 ANSWER = "x</think><answer>Up</answer>"
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tk.load(None)
 
 
 @pytest.fixture(scope="module")

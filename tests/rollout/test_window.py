@@ -9,9 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from ragen_jax.envs import make
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig, positions_from_mask
-from ragen_jax.models import tokenizer as tk
 from ragen_jax.rollout import Sampler, ScriptedPolicy
 from ragen_jax.rollout.agent import AgentRollout, RolloutConfig
 from ragen_jax.rollout.context import format_reward
@@ -23,16 +21,6 @@ SEEDS = np.array([3, 4])
 ANSWERS = ["I go up</think><answer>Up</answer>", "hmm</think><answer>Jump</answer>",
            "left then right</think><answer>Left || Right</answer>",
            "down</think><answer>Down</answer>"]
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tk.load(None)
-
-
-@pytest.fixture(scope="module")
-def sokoban():
-    return make("sokoban")
 
 
 def _play(sokoban, tok, **kw):
