@@ -21,13 +21,15 @@ _OWN_JIT_CACHE = None
 if "RAGEN_JAX_TESTS_JIT_CACHE" not in os.environ:
     _OWN_JIT_CACHE = tempfile.mkdtemp(prefix="ragen_jax-tests-jit-cache-")
     os.environ["RAGEN_JAX_TESTS_JIT_CACHE"] = _OWN_JIT_CACHE
-os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["RAGEN_JAX_TESTS_JIT_CACHE"]
-os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.1"
-# A size limit turns on the cache's file lock: no process reads an entry another is writing.
-os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(4 << 30)
-jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
-jax.config.update("jax_compilation_cache_max_size", 4 << 30)
+_JIT_CACHE_SETTINGS = {
+    "jax_compilation_cache_dir": os.environ["RAGEN_JAX_TESTS_JIT_CACHE"],
+    "jax_persistent_cache_min_compile_time_secs": 0.1,
+    # A size limit turns on the cache's file lock: no process reads an entry another is writing.
+    "jax_compilation_cache_max_size": 4 << 30,
+}
+for _name, _value in _JIT_CACHE_SETTINGS.items():
+    os.environ[_name.upper()] = str(_value)  # for the processes tests start
+    jax.config.update(_name, _value)  # for this one (jax is imported already)
 
 
 def pytest_unconfigure(config):
