@@ -1,6 +1,5 @@
-"""Countdown and SimpleSokoban in one run: a
-one-step host env (free-text arithmetic answers) and a multi-turn JAX grid world, 4 groups
-each per step, trained in one batch.
+"""Countdown and SimpleSokoban in one run: a one-step host env (free-text arithmetic answers)
+and a multi-turn JAX grid world, 4 groups each per step, trained in one batch.
 
 ``python launch.py --config configs/mixed_countdown.py[:preset]``. Each env's params and
 per-env rollout settings are its own config file's for the same preset

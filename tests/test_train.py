@@ -488,9 +488,9 @@ def test_mixed_run_trains_both_envs_in_one_batch(tmp_path, monkeypatch):
 
 
 def test_mixed_countdown_and_sokoban_run(tmp_path):
-    """configs/mixed_countdown.py on the micro model: a mixed Countdown + Sokoban
-    run: a one-step host env with its own rollout budget next to a multi-turn JAX env, one
-    group each, two updates with finite losses and per-tag metrics."""
+    """configs/mixed_countdown.py on the micro model: a one-step host env with its own rollout
+    budget next to a multi-turn JAX env, one group each, two updates with finite losses and
+    per-tag metrics."""
     summary = _run(micro_config(tmp_path, steps=2, env="mixed_countdown", extra=(
         "--config.env.mix.SimpleSokoban.groups=1", "--config.env.mix.Countdown.groups=1",
         "--config.rollout.max_turn=2", "--config.trainer.val_before_train=False")))

@@ -90,9 +90,9 @@ class Sokoban(TextEnv[EnvState, EnvParams]):
       player along a shortest path to a box and pulls it, the moves counted against RAGEN's
       ``search_depth - 2`` (one less for a shallow one-box search: ``search_budget``); every
       state reached (with ``lookahead``, every state one pull away) gets RAGEN's score and the
-      best is kept. The defaults by number of boxes and depth
-      are calibrated so that BFS-optimal solution lengths match a RAGEN-style generator at
-      6x6/1, 8x8/2 and 10x10/3 boxes, depths 10 and 300
+      best is kept. The defaults by number of boxes and depth are calibrated so that
+      BFS-optimal solution lengths match a RAGEN-style generator at 6x6/1, 8x8/2 and 10x10/3
+      boxes, depths 10 and 300
       (``experiments/results/bench_envs_sokoban.md``, which also says where they fall short).
     - Retries are deterministic: ``num_layouts`` cheap layouts are drawn per try and reverse
       play runs on the first ``searches_per_try`` where some box can be pulled; a try that
