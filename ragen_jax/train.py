@@ -69,6 +69,7 @@ class Trainer:
 
     def __init__(self, config: ConfigDict | RunConfig, *,
                  on_step: Callable[[int, dict], None] | None = None):
+        self.created = time.perf_counter()  # `timing_s/elapsed`: wall seconds of this process's run
         self.run = run = config if isinstance(config, RunConfig) else from_config_dict(config)
         self.plan = resolve(run)
         self.on_step = on_step
@@ -342,6 +343,7 @@ class Trainer:
         metrics = self.warmstart() if (w.steps or w.turn_steps or self.run.sft.steps) else {}
         if self.run.trainer.val_before_train:
             self._validate_and_record(metrics)
+        metrics["timing_s/elapsed"] = time.perf_counter() - self.created
         self.logger.log(0, metrics)
         self.save()
         return {"resumed_from": None}
@@ -358,6 +360,7 @@ class Trainer:
             metrics[f"early_stopped/{stop}"] = 1.0
             self.log(f"early stop at step {self.step}: {stop}")
         metrics["timing_s/step"] = time.perf_counter() - started
+        metrics["timing_s/elapsed"] = time.perf_counter() - self.created
         self.logger.log(self.step, metrics)
         self.logger.advance(self.step, _progress_info(metrics, trained_tags))
         if self.step % tr.save_freq == 0 or self.step == tr.total_steps or stop:

@@ -158,6 +158,9 @@ def test_run_writes_metrics_checkpoints_and_trajectories(reference_run):
                 "timing_s/gen", "train/Bandit/response_length"):
         assert key in metrics[1], key
     assert "val-env/Bandit/success" in metrics[0] and "val-env/BanditTest/success" in metrics[2]
+    elapsed = [metrics[s]["timing_s/elapsed"] for s in range(5)]  # the process's wall clock
+    assert all(a < b for a, b in zip(elapsed, elapsed[1:], strict=False)) and elapsed[-1] >= sum(
+        metrics[s]["timing_s/step"] for s in range(1, 5))
     for kind in ("first_turn_sample", "trajectory_sample"):  # diagnostics every 2 steps
         for name in ("mi_estimate", "retrieval_acc@1", "retrieval_chance@1", "mi_zscore_ema",
                      "conditional_entropy_est", "per_token/mi_estimate"):

@@ -156,16 +156,8 @@ def turn_samples(eps: Sequence[Episode], scores: np.ndarray, group_ids: np.ndarr
     index = [(b, t) for b, ep in enumerate(eps) for t in range(1, len(ep.turn_prompts) + 1)]
     lengths = [len(eps[b].turn_prompts[t - 1]) + len(eps[b].answer_ids(t)) for b, t in index]
     width = max(pad_multiple, -(-max(lengths, default=0) // pad_multiple) * pad_multiple)
-    n = len(index)
-    out = {
-        "input_ids": np.full((n, width), pad_id, np.int32),
-        "attention_mask": np.zeros((n, width), bool),
-        "loss_mask": np.zeros((n, width), bool),
-        "logprobs": np.zeros((n, width), np.float32),
-        "model_logprobs": np.zeros((n, width), np.float32),
-        "token_rewards": np.zeros((n, width), np.float32),
-        "turn_ids": np.zeros((n, width), np.int16),
-    }
+    out = _empty_token_arrays(len(index), width, pad_id)
+    out["token_rewards"] = np.zeros((len(index), width), np.float32)
     for r, (b, t) in enumerate(index):
         prompt, answer = eps[b].turn_prompts[t - 1], eps[b].pieces[2 * t - 1]
         p, k = len(prompt), len(answer.ids)
@@ -213,20 +205,22 @@ def assemble_batch(eps: Sequence[Episode], *, seeds: np.ndarray, group_ids: np.n
     return batch
 
 
+def _empty_token_arrays(n: int, width: int, pad_id: int) -> dict[str, np.ndarray]:
+    """``[n, width]`` per-token arrays of a batch, all padding."""
+    return {"input_ids": np.full((n, width), pad_id, np.int32),
+            "attention_mask": np.zeros((n, width), bool),
+            "loss_mask": np.zeros((n, width), bool),
+            "logprobs": np.zeros((n, width), np.float32),
+            "model_logprobs": np.zeros((n, width), np.float32),
+            "turn_ids": np.zeros((n, width), np.int16)}
+
+
 def _token_arrays(eps: Sequence[Episode], width: int,
                   pad_id: int) -> tuple[dict[str, np.ndarray], list[dict[int, int]]]:
     """The ``[B, width]`` token arrays of the batch (every per-token field but the rewards)
     and, per row, ``{turn: index of the last sampled token up to the end of that turn}``
     (-1 before any sampled token)."""
-    n = len(eps)
-    arrays = {
-        "input_ids": np.full((n, width), pad_id, np.int32),
-        "attention_mask": np.zeros((n, width), bool),
-        "loss_mask": np.zeros((n, width), bool),
-        "logprobs": np.zeros((n, width), np.float32),
-        "model_logprobs": np.zeros((n, width), np.float32),
-        "turn_ids": np.zeros((n, width), np.int16),
-    }
+    arrays = _empty_token_arrays(len(eps), width, pad_id)
     turn_ends = []
     for b, ep in enumerate(eps):
         pos, last_sampled, ends = 0, -1, {}
