@@ -22,6 +22,11 @@ In ``filtering`` the settings differ only after step 0, so each env and seed's w
 and step-0 validation run once (``_step0/``, stopped right after step 0) and every setting
 resumes from that checkpoint; in ``algorithms`` each run pays its own (PPO has a critic).
 
+FrozenLake and Sokoban runs start from the presets' solver-mixture prior (built once at
+first use, ~10 minutes, then loaded from the cache; ``configs/base.py``); the timings below
+were measured with the earlier format-only warm-start. For studies from the prior under one
+wall budget with a shared baseline, ``experiments/learning_curves.py --tag ... --compare``.
+
 What the budget affords (measured on this 2-core CPU at ``nice 19`` beside another
 training job, bandit): start-up + warm-start + step-0 validation ~1.5 min; the first
 training step ~1 min (compiling the update, the diagnostics and the gradient analysis);
