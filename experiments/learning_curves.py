@@ -217,7 +217,7 @@ def compare(name: str, tags: list[str], seeds: list[int], budget: float) -> str:
             curves[tag] = got
     common = min(int(c["steps"][-1]) for got in curves.values() for c in got.values())
     b = f"{budget / 60:.0f} min"
-    rows = [f"| {name} arm | seeds | step reached at {b} (mean) | val success: start -> at {b} (mean) "
+    rows = [f"| {name} arm | seeds | last validated step at {b} (mean) | val success: start -> at {b} (mean) "
             f"| gain at {b} (mean [min, max]) | gain at step {common} (mean [min, max]) | per seed, at {b} |",
             "|---|---|---|---|---|---|---|"]
     for tag, got in curves.items():
@@ -329,7 +329,7 @@ def main() -> None:
             rows.append(row)
             variant = f", {args.tag}" if args.tag else ""
             print(f"wrote {plot(name, args.seeds, runs, f'{name} (tiny preset{variant})')}")
-    table = ["| env | seeds | prior build min | RL steps (mean) | RL wall min (process) | val success at "
+    table = ["| env | seeds | prior min (build, or load when cached) | RL steps (mean) | RL wall min (process) | val success at "
              "step 0 (starting policy) | last val success (mean ± sd) | best val (mean) | gain last - start "
              "(mean [min, max]) | imitation control start -> end (mean) | first-turn I(X;Z) nats, first -> last |",
              "|---|---|---|---|---|---|---|---|---|---|---|", *rows]
