@@ -168,14 +168,19 @@ def run_curves(out: Path) -> dict[str, np.ndarray]:
             "mi_steps": np.array(mi_steps), "mi": np.array(mi), "last_step": max(metrics)}
 
 
+def seed_curves(name: str, seeds: list[int], runs: Path) -> dict[int, dict[str, np.ndarray]]:
+    """``run_curves`` of each seed's run of ``name`` in ``runs`` that has metrics."""
+    return {s: run_curves(runs / f"{name}-s{s}") for s in seeds
+            if (runs / f"{name}-s{s}" / "metrics.jsonl").is_file()}
+
+
 def imitation_curves(name: str, seeds: list[int], runs: Path) -> dict[int, list[dict]]:
     files = {s: runs / f"{name}-imitation-s{s}" / "curve.json" for s in seeds}
     return {s: json.loads(f.read_text()) for s, f in files.items() if f.is_file()}
 
 
 def summarize(name: str, seeds: list[int], runs: Path, prior_s: float | None) -> str | None:
-    curves = {s: run_curves(runs / f"{name}-s{s}") for s in seeds
-              if (runs / f"{name}-s{s}" / "metrics.jsonl").is_file()}
+    curves = seed_curves(name, seeds, runs)
     if not curves:
         return None
     start = np.array([c["val"][0] for c in curves.values()])
@@ -210,9 +215,7 @@ def compare(name: str, tags: list[str], seeds: list[int], budget: float) -> str:
     machine can be told apart."""
     curves = {}
     for tag in tags:
-        runs = RESULTS / ("runs" if tag == "base" else f"runs_{tag}")
-        got = {s: run_curves(runs / f"{name}-s{s}") for s in seeds
-               if (runs / f"{name}-s{s}" / "metrics.jsonl").is_file()}
+        got = seed_curves(name, seeds, RESULTS / ("runs" if tag == "base" else f"runs_{tag}"))
         if got:
             curves[tag] = got
     common = min(int(c["steps"][-1]) for got in curves.values() for c in got.values())
@@ -237,8 +240,7 @@ def plot(name: str, seeds: list[int], runs: Path, title: str) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves = [run_curves(runs / f"{name}-s{s}") for s in seeds
-              if (runs / f"{name}-s{s}" / "metrics.jsonl").is_file()]
+    curves = list(seed_curves(name, seeds, runs).values())
     if not curves:
         return None
     imitation = imitation_curves(name, seeds, runs)
