@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -137,7 +138,7 @@ def run_jobs(jobs: list[tuple[str, str, int]], budget_of: dict[str, float], extr
         kind, name, seed = job
         if kind == "rl":
             out = runs / f"{name}-s{seed}"
-            subprocess.run(["rm", "-rf", str(out)], check=True)
+            shutil.rmtree(out, ignore_errors=True)
             launch(name, out, [*extra, f"--config.seed={seed}"], budget_of[name], runs / f"{name}-s{seed}.log")
             return
         out = runs / f"{name}-imitation-s{seed}"
