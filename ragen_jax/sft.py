@@ -34,7 +34,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
 from ragen_jax.rollout.agent import AgentRollout, RolloutConfig, row_state
-from ragen_jax.rollout.batch import Episode
+from ragen_jax.rollout.batch import Episode, position_ids
 from ragen_jax.rollout.context import ChatFormat, ContextConfig
 from ragen_jax.rollout.scripted import RandomActionPolicy, SolverMixturePolicy
 from ragen_jax.starpo.rows import after_prefix, group_prefix_lengths, prefix_table
@@ -186,7 +186,7 @@ def _left_aligned(rows: list[list[int]], masks: list[list[bool]], *, pad_id: int
         out["input_ids"][b, :len(r)] = r
         out["attention_mask"][b, :len(r)] = True
         out["loss_mask"][b, :len(r)] = m
-    out["position_ids"] = np.maximum(np.cumsum(out["attention_mask"], 1) - 1, 0).astype(np.int32)
+    out["position_ids"] = position_ids(out["attention_mask"])
     return out
 
 

@@ -172,9 +172,15 @@ def turn_samples(eps: Sequence[Episode], scores: np.ndarray, group_ids: np.ndarr
             out["token_rewards"][r, p + k - 1] = scores[b]
     episode = np.array([b for b, _ in index], np.int32)
     return TurnSamples(
-        **out, position_ids=np.maximum(np.cumsum(out["attention_mask"], 1) - 1, 0).astype(np.int32),
+        **out, position_ids=position_ids(out["attention_mask"]),
         episode=episode, turn=np.array([t for _, t in index], np.int32),
         group_ids=np.asarray(group_ids, np.int32)[episode])
+
+
+def position_ids(attention_mask: np.ndarray) -> np.ndarray:
+    """[B, L] int32 positions of left-aligned rows: 0, 1, ... over the real tokens, 0 on the
+    padding after them."""
+    return np.maximum(np.cumsum(attention_mask, axis=1) - 1, 0).astype(np.int32)
 
 
 def assemble_batch(eps: Sequence[Episode], *, seeds: np.ndarray, group_ids: np.ndarray,
@@ -190,7 +196,7 @@ def assemble_batch(eps: Sequence[Episode], *, seeds: np.ndarray, group_ids: np.n
     rewards, scores, returns, unplaced = _token_rewards(eps, turn_ends, width, use_turn_scores)
     attn = tokens["attention_mask"]
     batch = RolloutBatch(
-        **tokens, position_ids=np.maximum(np.cumsum(attn, axis=1) - 1, 0).astype(np.int32),
+        **tokens, position_ids=position_ids(attn),
         token_rewards=rewards, scores=scores, episodic_return=returns,
         success=np.array([ep.success for ep in eps], bool),
         num_actions=np.array([ep.num_actions for ep in eps], np.int32),
