@@ -6,8 +6,8 @@ For every validation episode of a saved trajectories file (``trainer.save_trajec
 env and its parameters come from the run's ``config.json`` beside the ``trajectories`` folder):
 the level is reset from the episode's seed as the rollout resets it, the *optimal first moves*
 are every action after which the env's BFS solver (``ragen_jax/envs/solvers.py``) needs one
-move less to finish, and the move the policy named first in its first answer is checked
-against them. Printed beside the policy's rate, on the same levels:
+move less to finish, and the first move the env executed for the policy's first answer (the
+rollout's parser with the run's settings) is checked against them. Printed beside the policy's rate, on the same levels:
 
 - *random legal*: the expected rate of a uniformly random move among those that change the
   state (``LegalActions``: the solver-mixture data's non-solver moves);
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -35,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ragen_jax.envs.registry import make  # noqa: E402
 from ragen_jax.envs.solvers import solve  # noqa: E402
+from ragen_jax.rollout.context import ContextConfig, parse_response  # noqa: E402
 from ragen_jax.rollout.env_driver import env_functions, row_state  # noqa: E402
 from ragen_jax.rollout.scripted import LegalActions  # noqa: E402
 
@@ -53,14 +53,19 @@ def optimal_first_moves(env, legal_actions: LegalActions, state) -> tuple[set[in
     return optimal, legal
 
 
-def first_action(answer: str, names: tuple[str, ...]) -> int | None:
-    """The first action named inside ``<answer>...</answer>`` (None: no answer or unknown)."""
-    m = re.search(r"<answer>(.*?)</answer>", answer, re.S)
-    if m is None:
-        return None
-    first = re.split(r"\|\|", m.group(1))[0].strip().lower()
-    lowered = [n.lower() for n in names]
-    return lowered.index(first) if first in lowered else None
+def first_action(answer: str, names: tuple[str, ...], context: ContextConfig) -> int | None:
+    """The first move the env executed for ``answer``: the rollout's own parser
+    (``rollout.context.parse_response``) with the run's settings; None when it found no
+    valid action (the turn earned the format penalty and the env did not move)."""
+    parsed = parse_response(answer, names, context)
+    return parsed.action_ids[0] if parsed.action_ids else None
+
+
+def run_context(config: dict) -> ContextConfig:
+    """The parsing settings of the run whose ``config.json`` is ``config``."""
+    rollout, default = config.get("rollout", {}), ContextConfig()
+    return ContextConfig(enable_think=rollout.get("enable_think", default.enable_think),
+                         max_actions_per_turn=rollout.get("max_actions_per_turn", default.max_actions_per_turn))
 
 
 def measure(jsonl: Path, share: float | None) -> dict[str, float]:
@@ -73,6 +78,7 @@ def measure(jsonl: Path, share: float | None) -> dict[str, float]:
     _, states = jax.device_get(reset(jax.vmap(jax.random.key)(seeds), env_params))
     names = tuple(env.action_names_for(row_state(states, 0)))
     legal_actions = LegalActions(env, env_params, len(names), 1)
+    context = run_context(config)
     hits, random_legal, used = 0, [], 0
     for i, ep in enumerate(episodes):
         found = optimal_first_moves(env, legal_actions, row_state(states, i))
@@ -80,7 +86,7 @@ def measure(jsonl: Path, share: float | None) -> dict[str, float]:
             continue
         optimal, legal = found
         answers = [m["content"] for m in ep["messages"] if m["role"] == "assistant"]
-        action = first_action(answers[0], names) if answers else None
+        action = first_action(answers[0], names, context) if answers else None
         used += 1
         hits += action in optimal
         random_legal.append(len(optimal) / len(legal))

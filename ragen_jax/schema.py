@@ -259,14 +259,22 @@ class WarmstartConfig:
     episodes: int = 256  # episodes generated for it
     legal_actions: bool = False  # draw only state-changing actions (no walking into walls)
     solver_share: float = 0.0  # share of actions that are the env's optimal move (BFS), the rest random legal; 0 = format only
+    turn_solver_share: float = -1.0  # the single-turn rows' share, from their own episodes (-1 = solver_share: cut from the whole-episode data)
     seed: int = -1  # seed of its data and of the model it starts from; -1 = the run's seed (set it to share one starting policy across runs)
     cache: bool = True  # tiny model: keep the result under $RAGEN_JAX_CACHE (default ~/.cache/ragen_jax) and reuse it
 
     def __post_init__(self):
         if not 0.0 <= self.solver_share <= 1.0:
             raise ConfigError(f"warmstart.solver_share must be in [0, 1], got {self.solver_share}")
+        if not (self.turn_solver_share == -1.0 or 0.0 <= self.turn_solver_share <= 1.0):
+            raise ConfigError(f"warmstart.turn_solver_share must be -1 or in [0, 1], got {self.turn_solver_share}")
         _at_least("warmstart", self, ("steps", "turn_steps"), 0)
         _at_least("warmstart", self, ("batch_size", "episodes", "turn_batch_size"), 1)
+
+    @property
+    def own_turn_data(self) -> bool:
+        """Whether the single-turn rows come from episodes of their own share."""
+        return self.turn_steps > 0 and self.turn_solver_share not in (-1.0, self.solver_share)
 
     def seed_for(self, run_seed: int) -> int:
         """The seed of the warm-start's data and starting model in a run seeded ``run_seed``."""

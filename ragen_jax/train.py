@@ -241,9 +241,11 @@ class Trainer:
         from ragen_jax import sft
 
         run = self.run
+        warmstart = dataclasses.asdict(run.warmstart) | {"seed": seed}
+        if not run.warmstart.own_turn_data:  # a field added later: unset, the key stays as before
+            warmstart.pop("turn_solver_share")
         key = sft.cache_key(model=dataclasses.asdict(run.model), env=dataclasses.asdict(run.env),
-                            context=self.plan.rollout,
-                            warmstart=dataclasses.asdict(run.warmstart) | {"seed": seed},
+                            context=self.plan.rollout, warmstart=warmstart,
                             vocab=sorted(self.tokenizer.get_vocab().items()))
         name = "mixed" if run.env.mix else run.env.name
         return sft.cache_dir() / f"warmstart-{name}-{key}"
@@ -260,11 +262,14 @@ class Trainer:
         for slot in slots:
             stats.append({})
             turns.append({} if w.turn_steps else None)
-            parts.append(warmstart_data(
-                slot.rollout.env, slot.rollout.env_params, self.tokenizer, slot.rollout.config,
-                episodes=max(1, round(w.episodes * slot.groups / total)), seed=seed,
-                legal_only=w.legal_actions, solver_share=w.solver_share, metrics=stats[-1],
-                observation_rows=turns[-1]))
+            data = dict(env=slot.rollout.env, env_params=slot.rollout.env_params, tokenizer=self.tokenizer,
+                        config=slot.rollout.config, seed=seed, legal_only=w.legal_actions,
+                        episodes=max(1, round(w.episodes * slot.groups / total)))
+            parts.append(warmstart_data(**data, solver_share=w.solver_share, metrics=stats[-1],
+                                        observation_rows=None if w.own_turn_data else turns[-1]))
+            if w.own_turn_data:  # the single-turn rows' own episodes (warmstart.turn_solver_share)
+                warmstart_data(**data | {"seed": seed + 1}, solver_share=w.turn_solver_share,
+                               observation_rows=turns[-1])
         rows = np.array([p["input_ids"].shape[0] for p in parts], np.float64)
         out = {}
         for name, key in (("action_is_effective", "action_is_effective"), ("data_success", "success")):

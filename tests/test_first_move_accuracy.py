@@ -44,7 +44,8 @@ def test_first_move_accuracy_counts_the_optimal_first_answers(tmp_path):
     run = tmp_path / "run"
     (run / "trajectories").mkdir(parents=True)
     (run / "config.json").write_text(json.dumps(
-        {"env": {"name": "frozenlake", "params": PARAMS}, "warmstart": {"solver_share": 0.3}}))
+        {"env": {"name": "frozenlake", "params": PARAMS}, "warmstart": {"solver_share": 0.3},
+         "rollout": {"enable_think": False, "max_actions_per_turn": 2}}))
     lines, expected, levels = [], 0, 0
     for seed in range(40):
         state = env.reset_env(jax.random.key(seed), params)[1]
@@ -74,7 +75,12 @@ def test_first_move_accuracy_counts_the_optimal_first_answers(tmp_path):
     assert fma.measure(jsonl, 1.0)["mixture_data"] == 1.0
 
 
-def test_first_action_reads_the_first_named_move_only_inside_the_answer_tags():
-    assert fma.first_action("<answer> up || Left</answer>", NAMES) == 3
-    assert fma.first_action("Left <answer>Jump</answer>", NAMES) is None
-    assert fma.first_action("Right", NAMES) is None
+def test_first_action_is_the_first_move_the_rollout_executes():
+    context = fma.run_context({"rollout": {"enable_think": False, "max_actions_per_turn": 2}})
+    assert fma.first_action("<answer> up || Left</answer>", NAMES, context) == 3
+    assert fma.first_action("<answer>Jump || Left</answer>", NAMES, context) == 0  # Jump is skipped
+    assert fma.first_action("Left <answer>Jump</answer>", NAMES, context) is None
+    assert fma.first_action("Right", NAMES, context) is None
+    thinking = fma.run_context({"rollout": {"enable_think": True}})
+    assert fma.first_action("<think>go</think><answer>Down</answer>", NAMES, thinking) == 1
+    assert fma.first_action("<answer>Down</answer>", NAMES, thinking) is None  # no think block

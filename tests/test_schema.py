@@ -67,6 +67,7 @@ def test_update_config_defaults_equal_the_schema():
     ("trainer", "logger", 3, "trainer.logger: expected tuple"),
     ("warmstart", "solver_share", 1.5, "warmstart.solver_share must be in [0, 1], got 1.5"),
     ("warmstart", "episodes", 0, "warmstart.episodes must be >= 1"),
+    ("warmstart", "turn_solver_share", 2.0, "warmstart.turn_solver_share must be -1 or in [0, 1], got 2.0"),
 ])
 def test_bad_values_name_the_field(section, field, value, message):
     c = to_config_dict().to_dict()  # a config file or config.json can hold any type

@@ -444,6 +444,34 @@ def test_warmstart_is_cached_by_its_inputs(tmp_path, monkeypatch):
     assert reread.warmstart_loaded_from is not None
 
 
+def test_single_turn_rows_can_come_from_their_own_mixture(tmp_path, monkeypatch):
+    """``warmstart.turn_solver_share``: the single-turn rows are cut from episodes of that
+    share (another data seed), the whole-episode stage keeps ``solver_share``'s; unset, both
+    stages read one data set."""
+    import ragen_jax.sft as sft
+    from ragen_jax.train import Trainer
+
+    calls, real = [], sft.warmstart_data
+
+    def recording(*args, **kw):
+        calls.append((kw["solver_share"], kw["seed"], kw.get("observation_rows") is not None))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(sft, "warmstart_data", recording)
+    env = ("--config.warmstart.turn_steps=2", "--config.warmstart.turn_batch_size=4")
+    own = Trainer(micro_config(tmp_path / "a", env="frozenlake", extra=(
+        *env, "--config.warmstart.solver_share=0.3", "--config.warmstart.turn_solver_share=1.0",
+        "--config.warmstart.seed=0", "--config.warmstart.cache=False")))
+    metrics = own.warmstart()
+    assert calls == [(0.3, 0, False), (1.0, 1, True)]
+    assert np.isfinite(metrics["warmstart/turn_loss_last"]) and np.isfinite(metrics["warmstart/loss_last"])
+    calls.clear()
+    Trainer(micro_config(tmp_path / "b", env="frozenlake", extra=(
+        *env, "--config.warmstart.solver_share=0.3", "--config.warmstart.seed=0",
+        "--config.warmstart.cache=False"))).warmstart()
+    assert calls == [(0.3, 0, True)]
+
+
 def test_mixed_run_trains_both_envs_in_one_batch(tmp_path, monkeypatch):
     """configs/mixed.py on the micro model, one group of each env per step: one update on
     both envs' rows, per-tag metrics and validation, and the inductive normaliser sees each
