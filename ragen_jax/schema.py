@@ -256,6 +256,7 @@ class WarmstartConfig:
     lr: float = 1e-3  # warm-start learning rate
     turn_steps: int = 0  # steps on single-turn rows before `steps` on whole episodes (each answered turn's user block and answer, cut from the same episodes: short rows that teach reading the state)
     turn_batch_size: int = 64  # single-turn rows per such step
+    turn_system_prompt: bool = False  # single-turn rows start with the system message (the rollout's first prompt), run once per step for the batch
     episodes: int = 256  # episodes generated for it
     legal_actions: bool = False  # draw only state-changing actions (no walking into walls)
     solver_share: float = 0.0  # share of actions that are the env's optimal move (BFS), the rest random legal; 0 = format only
@@ -274,7 +275,8 @@ class WarmstartConfig:
     @property
     def own_turn_data(self) -> bool:
         """Whether the single-turn rows come from episodes of their own share."""
-        return self.turn_steps > 0 and self.turn_solver_share not in (-1.0, self.solver_share)
+        return self.turn_steps > 0 and (self.turn_solver_share not in (-1.0, self.solver_share)
+                                        or self.turn_system_prompt)
 
     def seed_for(self, run_seed: int) -> int:
         """The seed of the warm-start's data and starting model in a run seeded ``run_seed``."""

@@ -45,7 +45,8 @@ from ragen_jax.starpo.update import Prefixes
 def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutConfig,
                    episodes: int, seed: int, *, legal_only: bool = False,
                    solver_share: float = 0.0, metrics: dict | None = None,
-                   observation_rows: dict | None = None) -> dict[str, np.ndarray]:
+                   observation_rows: dict | None = None, system_rows: bool = False
+                   ) -> dict[str, np.ndarray]:
     """Token arrays (``input_ids``, ``attention_mask``, ``position_ids``, ``loss_mask``,
     ``group_ids``) of about ``episodes`` episodes answered by ``RandomActionPolicy``.
 
@@ -65,7 +66,8 @@ def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutCon
     optimal move with that probability, which is meant to teach the task a little, as an
     instruct checkpoint knows it a little. ``metrics``, when given, receives the generated
     episodes' rollout metrics (without the env tag: ``action_is_effective``, ``success``, ...);
-    ``observation_rows``, when given, receives the same episodes' ``turn_observation_rows``.
+    ``observation_rows``, when given, receives the same episodes' ``turn_observation_rows``
+    (each starting with the system message when ``system_rows``).
     """
     rollout = AgentRollout(env, env_params, tokenizer, config)
     _, first = rollout.reset_envs(np.zeros(1, np.int64))
@@ -84,7 +86,7 @@ def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutCon
     if metrics is not None:
         metrics.update({k.split("/", 1)[-1]: v for k, v in batch.metrics.items()})
     if observation_rows is not None:
-        observation_rows.update(turn_observation_rows(batch.episodes, rollout.chat,
+        observation_rows.update(turn_observation_rows(batch.episodes, rollout.chat, system=system_rows,
                                                       pad_multiple=config.pad_multiple))
     return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
             "position_ids": batch.position_ids, "loss_mask": batch.loss_mask,
@@ -92,7 +94,7 @@ def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutCon
 
 
 def turn_observation_rows(episodes: Sequence[Episode], chat: ChatFormat, *,
-                          pad_multiple: int = 64) -> dict[str, np.ndarray]:
+                          pad_multiple: int = 64, system: bool = False) -> dict[str, np.ndarray]:
     """Short single-turn rows cut from played episodes: per answered turn, the chunk the
     transcript inserts before it (glue, the turn's user block with its state, the assistant
     header; no system message, no history, no reward line) followed by the answer as
@@ -102,17 +104,38 @@ def turn_observation_rows(episodes: Sequence[Episode], chat: ChatFormat, *,
     hundred steps, where the same labels inside ~500-token transcripts taught it nothing in
     as many steps (``experiments/results/learning_curves.md``). The tokens of a row are the
     ones its turn shows inside a transcript (``ChatFormat.next_chunk``), so what is learnt
-    there is read off the same text later."""
+    there is read off the same text later.
+
+    ``system``: each row starts with the episode's system message instead (the first prompt
+    of a rollout, ``ChatFormat.first_chunk``, with the turn's user block): what the policy
+    reads at its first turn, the system message included. Rows are then ~4x longer; see
+    ``shared_prefix_batches``, which lets ``train_sft`` run that common start once per step."""
     rows, masks = [], []
     for ep in episodes:
         for turn in range(1, len(ep.pieces) // 2 + 1):
-            head = chat.encode([chat.next_chunk(ep.blocks[turn - 1], emitted_eot=True)])[0]
+            block = ep.blocks[turn - 1]
+            text = chat.first_chunk(ep.system, block) if system else chat.next_chunk(block, emitted_eot=True)
+            head = chat.encode([text])[0]
             answer = [int(i) for i in ep.answer_ids(turn)]
             rows.append(head + answer)
             masks.append([False] * len(head) + [True] * len(answer))
     if not rows:
         raise ValueError("no answered turn to cut observation rows from")
     return _left_aligned(rows, masks, pad_id=chat.pad_id, pad_multiple=pad_multiple)
+
+
+def shared_prefix_batches(data: dict[str, np.ndarray], size: int, seed: int) -> dict[str, np.ndarray]:
+    """``data``'s rows shuffled once and cut into groups of ``size`` (``group_ids``; the
+    remainder dropped): ``train_sft`` then draws one whole group per step of ``size`` rows and
+    runs the tokens they all start with (the system message) once for the group, exactly
+    (``starpo.rows.group_prefix_lengths``). The mini-batches are fixed sets of rows."""
+    n = data["input_ids"].shape[0] // size * size
+    if n == 0:
+        raise ValueError(f"fewer rows ({data['input_ids'].shape[0]}) than one batch of {size}")
+    order = np.random.default_rng(seed).permutation(data["input_ids"].shape[0])[:n]
+    out = {k: v[order] for k, v in data.items() if k != "group_ids"}
+    out["group_ids"] = np.arange(n) // size
+    return out
 
 
 def concat_data(parts: list[dict[str, np.ndarray]], *, pad_id: int) -> dict[str, np.ndarray]:

@@ -242,8 +242,10 @@ class Trainer:
 
         run = self.run
         warmstart = dataclasses.asdict(run.warmstart) | {"seed": seed}
-        if not run.warmstart.own_turn_data:  # a field added later: unset, the key stays as before
-            warmstart.pop("turn_solver_share")
+        later = {"turn_solver_share": (-1.0, run.warmstart.solver_share), "turn_system_prompt": (False,)}
+        for name, unset in later.items():  # fields added later: unset, the key stays as before
+            if warmstart[name] in unset:
+                warmstart.pop(name)
         key = sft.cache_key(model=dataclasses.asdict(run.model), env=dataclasses.asdict(run.env),
                             context=self.plan.rollout, warmstart=warmstart,
                             vocab=sorted(self.tokenizer.get_vocab().items()))
@@ -254,7 +256,7 @@ class Trainer:
         """The warm-start on the run's training envs: with several (``env.mix``), each
         generates its share of ``warmstart.episodes`` in proportion to its groups, and the
         model trains on the mixture (``sft.concat_data``)."""
-        from ragen_jax.sft import concat_data, train_sft, warmstart_data
+        from ragen_jax.sft import concat_data, shared_prefix_batches, train_sft, warmstart_data
 
         slots = [s for s in self.slots if s.groups]
         total = sum(s.groups for s in slots)
@@ -267,9 +269,12 @@ class Trainer:
                         episodes=max(1, round(w.episodes * slot.groups / total)))
             parts.append(warmstart_data(**data, solver_share=w.solver_share, metrics=stats[-1],
                                         observation_rows=None if w.own_turn_data else turns[-1]))
-            if w.own_turn_data:  # the single-turn rows' own episodes (warmstart.turn_solver_share)
-                warmstart_data(**data | {"seed": seed + 1}, solver_share=w.turn_solver_share,
-                               observation_rows=turns[-1])
+            if w.own_turn_data:  # the single-turn rows' own episodes and form
+                share = w.solver_share if w.turn_solver_share == -1.0 else w.turn_solver_share
+                warmstart_data(**data | {"seed": seed + 1}, solver_share=share,
+                               observation_rows=turns[-1], system_rows=w.turn_system_prompt)
+                if w.turn_system_prompt:
+                    turns[-1] |= shared_prefix_batches(turns[-1], w.turn_batch_size, seed)
         rows = np.array([p["input_ids"].shape[0] for p in parts], np.float64)
         out = {}
         for name, key in (("action_is_effective", "action_is_effective"), ("data_success", "success")):

@@ -13,7 +13,7 @@ from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
 from ragen_jax.models import tokenizer as tokenizers
 from ragen_jax.rollout.agent import RolloutConfig
 from ragen_jax.rollout.context import parse_response
-from ragen_jax.sft import conversation_data, train_sft, warmstart_data
+from ragen_jax.sft import conversation_data, shared_prefix_batches, train_sft, warmstart_data
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +121,42 @@ def test_turn_observation_rows_are_each_turn_as_its_transcript_shows_it(tok):
         transcript = data["input_ids"][[i for i, m in enumerate(data["loss_mask"]) if m.any()]]
         body = head[glue:]
         assert any(_contains(t.tolist(), body) for t in transcript), text
+
+
+def test_system_turn_rows_are_first_prompts_and_share_their_start_exactly(tok):
+    """``system=True`` rows start with the system message: a turn-1 row is token for token its
+    transcript's first prompt and answer, a later turn's row that same start with the turn's
+    own user block. ``shared_prefix_batches`` groups them so that ``train_sft`` runs the
+    system message once per step, with the losses of every row running its own copy."""
+    env, params = make("frozenlake", observation_format="coord")
+    cfg = RolloutConfig(max_turn=3, response_length=24, enable_think=False)
+    rows: dict = {}
+    data = warmstart_data(env, params, tok, cfg, episodes=16, seed=0, solver_share=0.5,
+                          observation_rows=rows, system_rows=True)
+    firsts = []  # each transcript up to the end of its first answer
+    for ids, mask in zip(data["input_ids"], data["loss_mask"], strict=True):
+        start = int(np.argmax(mask))
+        firsts.append(ids[:start + int(np.argmin(mask[start:]))].tolist())
+    starts = [rows["input_ids"][r][rows["attention_mask"][r]].tolist() for r in range(len(rows["input_ids"]))]
+    system_ids = tok("<|im_start|>system\n", add_special_tokens=False)["input_ids"]
+    assert all(r[:len(system_ids)] == system_ids for r in starts)
+    assert sum(r in firsts for r in starts) >= len(firsts) // 2  # turn-1 rows (identical episodes repeat)
+    assert any(tok.decode(r).count("Turn 2") == 1 and tok.decode(r).count("Turn 1") == 0 for r in starts)
+
+    grouped = shared_prefix_batches(rows, size=8, seed=0)
+    n = rows["input_ids"].shape[0] // 8 * 8
+    assert grouped["input_ids"].shape[0] == n and np.bincount(grouped["group_ids"]).tolist() == [8] * (n // 8)
+    assert set(map(tuple, grouped["input_ids"])) <= set(map(tuple, rows["input_ids"]))
+    runs = []
+    for share in (False, True):
+        model = Qwen2ForCausalLM(QwenConfig.tiny(hidden_size=32, intermediate_size=64,
+                                                 num_hidden_layers=2, num_attention_heads=4,
+                                                 num_key_value_heads=2, head_dim=8),
+                                 rngs=nnx.Rngs(0))
+        runs.append(train_sft(model, grouped, steps=2, batch_size=8, lr=1e-3, seed=0, share_prefix=share))
+    np.testing.assert_allclose(runs[0], runs[1], rtol=1e-5)
+    with pytest.raises(ValueError, match="fewer rows"):
+        shared_prefix_batches(rows, size=10**6, seed=0)
 
 
 def test_train_sft_lowers_the_loss_and_updates_the_model(tok):
