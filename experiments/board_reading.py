@@ -38,7 +38,6 @@ from first_move_accuracy import optimal_first_moves  # noqa: E402
 
 from configs import base  # noqa: E402
 from ragen_jax.envs.registry import make  # noqa: E402
-from ragen_jax.envs.solvers import solve  # noqa: E402
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig  # noqa: E402
 from ragen_jax.models import tokenizer as tokenizers  # noqa: E402
 from ragen_jax.rollout.context import ChatFormat, ContextConfig, user_message  # noqa: E402
@@ -64,13 +63,11 @@ def board_rows(env, env_params, seeds: np.ndarray, walk: int, rng: np.random.Gen
             found = optimal_first_moves(env, legal_actions, state)
             if found is None or not found[0]:
                 break
-            optimal, legal = found
-            out.append((state, sorted(optimal), [int(a) for a in legal], int(solve(env, state)[0])))
-            _, nxt, done = legal_actions(state)
-            move = int(rng.choice(legal))
-            if done[move]:
+            out.append((state, sorted(found.optimal), [int(a) for a in found.legal], int(found.path[0])))
+            move = int(rng.choice(found.legal))
+            if found.done[move]:
                 break
-            state = row_state(nxt, move)
+            state = row_state(found.next_states, move)
     return out
 
 

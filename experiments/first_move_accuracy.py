@@ -26,6 +26,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -39,18 +40,28 @@ from ragen_jax.rollout.env_driver import env_functions, row_state  # noqa: E402
 from ragen_jax.rollout.scripted import LegalActions  # noqa: E402
 
 
-def optimal_first_moves(env, legal_actions: LegalActions, state) -> tuple[set[int], np.ndarray] | None:
-    """``(optimal action ids, legal action ids)`` from ``state``, or None when unsolvable."""
+class FirstMoves(NamedTuple):
+    """The optimal and legal first moves from a state, with what was computed on the way."""
+
+    optimal: set[int]  # action ids after which the solver needs one move less
+    legal: np.ndarray  # action ids that change the state
+    path: list[int]  # one optimal action sequence from the state
+    next_states: Any  # the state after each action (``LegalActions``)
+    done: np.ndarray  # whether each action ends the episode
+
+
+def optimal_first_moves(env, legal_actions: LegalActions, state) -> FirstMoves | None:
+    """The optimal and legal first moves from ``state``, or None when unsolvable."""
     path = solve(env, state)
     if not path:
         return None
-    legal, nxt, _ = legal_actions(state)
+    legal, nxt, done = legal_actions(state)
     optimal = set()
     for a in legal:
         rest = solve(env, row_state(nxt, int(a)))
         if rest is not None and len(rest) == len(path) - 1:
             optimal.add(int(a))
-    return optimal, legal
+    return FirstMoves(optimal, legal, path, nxt, done)
 
 
 def first_action(answer: str, names: tuple[str, ...], context: ContextConfig) -> int | None:
@@ -84,7 +95,7 @@ def measure(jsonl: Path, share: float | None) -> dict[str, float]:
         found = optimal_first_moves(env, legal_actions, row_state(states, i))
         if found is None:
             continue
-        optimal, legal = found
+        optimal, legal = found.optimal, found.legal
         answers = [m["content"] for m in ep["messages"] if m["role"] == "assistant"]
         action = first_action(answers[0], names, context) if answers else None
         used += 1

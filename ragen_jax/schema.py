@@ -273,10 +273,14 @@ class WarmstartConfig:
         _at_least("warmstart", self, ("batch_size", "episodes", "turn_batch_size"), 1)
 
     @property
+    def turn_share(self) -> float:
+        """The single-turn rows' solver share (``turn_solver_share``, -1 resolved)."""
+        return self.solver_share if self.turn_solver_share == -1.0 else self.turn_solver_share
+
+    @property
     def own_turn_data(self) -> bool:
         """Whether the single-turn rows come from episodes of their own share."""
-        return self.turn_steps > 0 and (self.turn_solver_share not in (-1.0, self.solver_share)
-                                        or self.turn_system_prompt)
+        return self.turn_steps > 0 and (self.turn_share != self.solver_share or self.turn_system_prompt)
 
     def seed_for(self, run_seed: int) -> int:
         """The seed of the warm-start's data and starting model in a run seeded ``run_seed``."""

@@ -242,10 +242,10 @@ class Trainer:
 
         run = self.run
         warmstart = dataclasses.asdict(run.warmstart) | {"seed": seed}
-        later = {"turn_solver_share": (-1.0, run.warmstart.solver_share), "turn_system_prompt": (False,)}
-        for name, unset in later.items():  # fields added later: unset, the key stays as before
-            if warmstart[name] in unset:
-                warmstart.pop(name)
+        unset = {"turn_solver_share": run.warmstart.turn_share == run.warmstart.solver_share,
+                 "turn_system_prompt": not run.warmstart.turn_system_prompt}
+        for name in (n for n, is_unset in unset.items() if is_unset):  # fields added later: unset, the key stays as before
+            warmstart.pop(name)
         key = sft.cache_key(model=dataclasses.asdict(run.model), env=dataclasses.asdict(run.env),
                             context=self.plan.rollout, warmstart=warmstart,
                             vocab=sorted(self.tokenizer.get_vocab().items()))
@@ -270,8 +270,7 @@ class Trainer:
             parts.append(warmstart_data(**data, solver_share=w.solver_share, metrics=stats[-1],
                                         observation_rows=None if w.own_turn_data else turns[-1]))
             if w.own_turn_data:  # the single-turn rows' own episodes and form
-                share = w.solver_share if w.turn_solver_share == -1.0 else w.turn_solver_share
-                warmstart_data(**data | {"seed": seed + 1}, solver_share=share,
+                warmstart_data(**data | {"seed": seed + 1}, solver_share=w.turn_share,
                                observation_rows=turns[-1], system_rows=w.turn_system_prompt)
                 if w.turn_system_prompt:
                     turns[-1] |= shared_prefix_batches(turns[-1], w.turn_batch_size, seed)

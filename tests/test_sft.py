@@ -91,6 +91,13 @@ def test_warmstart_answers_every_prompt_with_every_action_first(tok):
         assert prompt[0] == prompt[1] and a != b, (a, b)
 
 
+def _micro_model() -> Qwen2ForCausalLM:
+    """A 2-layer model small enough for exactness checks of the SFT step."""
+    return Qwen2ForCausalLM(QwenConfig.tiny(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2, head_dim=8),
+                            rngs=nnx.Rngs(0))
+
+
 def _contains(seq: list[int], sub: list[int]) -> bool:
     return any(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
 
@@ -147,13 +154,8 @@ def test_system_turn_rows_are_first_prompts_and_share_their_start_exactly(tok):
     n = rows["input_ids"].shape[0] // 8 * 8
     assert grouped["input_ids"].shape[0] == n and np.bincount(grouped["group_ids"]).tolist() == [8] * (n // 8)
     assert set(map(tuple, grouped["input_ids"])) <= set(map(tuple, rows["input_ids"]))
-    runs = []
-    for share in (False, True):
-        model = Qwen2ForCausalLM(QwenConfig.tiny(hidden_size=32, intermediate_size=64,
-                                                 num_hidden_layers=2, num_attention_heads=4,
-                                                 num_key_value_heads=2, head_dim=8),
-                                 rngs=nnx.Rngs(0))
-        runs.append(train_sft(model, grouped, steps=2, batch_size=8, lr=1e-3, seed=0, share_prefix=share))
+    runs = [train_sft(_micro_model(), grouped, steps=2, batch_size=8, lr=1e-3, seed=0, share_prefix=share)
+            for share in (False, True)]
     np.testing.assert_allclose(runs[0], runs[1], rtol=1e-5)
     with pytest.raises(ValueError, match="fewer rows"):
         shared_prefix_batches(rows, size=10**6, seed=0)
@@ -196,10 +198,7 @@ def test_train_sft_with_shared_group_prompts_equals_whole_rows(tok):
     data = warmstart_data(env, params, tok, cfg, episodes=16, seed=0, legal_only=True)
     runs = []
     for share in (False, True):
-        model = Qwen2ForCausalLM(QwenConfig.tiny(hidden_size=32, intermediate_size=64,
-                                                 num_hidden_layers=2, num_attention_heads=4,
-                                                 num_key_value_heads=2, head_dim=8),
-                                 rngs=nnx.Rngs(0))
+        model = _micro_model()
         losses = train_sft(model, data, steps=3, batch_size=8, lr=1e-3, seed=0, share_prefix=share)
         runs.append((losses, [np.asarray(v) for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param))]))
     np.testing.assert_allclose(runs[0][0], runs[1][0], rtol=1e-5)
