@@ -107,7 +107,7 @@ class ModelConfig:
 # rollout.<field>s an env.mix entry may set for itself (RAGEN's per-tag env settings and the
 # per-env prompt); the others (groups, seeds, lengths of the shared batch, sampling) are the run's.
 MIX_ROLLOUT_FIELDS = ("max_turn", "max_actions_per_traj", "max_actions_per_turn",
-                      "response_length", "max_tokens_hint", "turn_template", "format_penalty")
+                      "response_length", "max_tokens_hint", "turn_template", "system_template", "format_penalty")
 
 
 @frozen
@@ -261,6 +261,7 @@ class WarmstartConfig:
     legal_actions: bool = False  # draw only state-changing actions (no walking into walls)
     solver_share: float = 0.0  # share of actions that are the env's optimal move (BFS), the rest random legal; 0 = format only
     turn_solver_share: float = -1.0  # the single-turn rows' share, from their own episodes (-1 = solver_share: cut from the whole-episode data)
+    turn_episodes: int = 0  # the single-turn rows' own episodes, each on a level of its own (0 = as the whole-episode data: `episodes`, a group per level)
     seed: int = -1  # seed of its data and of the model it starts from; -1 = the run's seed (set it to share one starting policy across runs)
     cache: bool = True  # tiny model: keep the result under $RAGEN_JAX_CACHE (default ~/.cache/ragen_jax) and reuse it
 
@@ -269,7 +270,7 @@ class WarmstartConfig:
             raise ConfigError(f"warmstart.solver_share must be in [0, 1], got {self.solver_share}")
         if not (self.turn_solver_share == -1.0 or 0.0 <= self.turn_solver_share <= 1.0):
             raise ConfigError(f"warmstart.turn_solver_share must be -1 or in [0, 1], got {self.turn_solver_share}")
-        _at_least("warmstart", self, ("steps", "turn_steps"), 0)
+        _at_least("warmstart", self, ("steps", "turn_steps", "turn_episodes"), 0)
         _at_least("warmstart", self, ("batch_size", "episodes", "turn_batch_size"), 1)
 
     @property
@@ -280,7 +281,8 @@ class WarmstartConfig:
     @property
     def own_turn_data(self) -> bool:
         """Whether the single-turn rows come from episodes of their own share."""
-        return self.turn_steps > 0 and (self.turn_share != self.solver_share or self.turn_system_prompt)
+        return self.turn_steps > 0 and (self.turn_share != self.solver_share or self.turn_system_prompt
+                                        or self.turn_episodes > 0)
 
     def seed_for(self, run_seed: int) -> int:
         """The seed of the warm-start's data and starting model in a run seeded ``run_seed``."""

@@ -45,8 +45,8 @@ from ragen_jax.starpo.update import Prefixes
 def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutConfig,
                    episodes: int, seed: int, *, legal_only: bool = False,
                    solver_share: float = 0.0, metrics: dict | None = None,
-                   observation_rows: dict | None = None, system_rows: bool = False
-                   ) -> dict[str, np.ndarray]:
+                   observation_rows: dict | None = None, system_rows: bool = False,
+                   group_size: int = 0) -> dict[str, np.ndarray]:
     """Token arrays (``input_ids``, ``attention_mask``, ``position_ids``, ``loss_mask``,
     ``group_ids``) of about ``episodes`` episodes answered by ``RandomActionPolicy``.
 
@@ -67,12 +67,15 @@ def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutCon
     instruct checkpoint knows it a little. ``metrics``, when given, receives the generated
     episodes' rollout metrics (without the env tag: ``action_is_effective``, ``success``, ...);
     ``observation_rows``, when given, receives the same episodes' ``turn_observation_rows``
-    (each starting with the system message when ``system_rows``).
+    (each starting with the system message when ``system_rows``). ``group_size`` > 0 sets the
+    episodes per level instead (1: every episode on a level of its own, for data whose policy
+    needs no balanced opening, e.g. the solver's rows).
     """
     rollout = AgentRollout(env, env_params, tokenizer, config)
     _, first = rollout.reset_envs(np.zeros(1, np.int64))
     n_actions = max(1, len(env.action_names_for(row_state(first, 0))))  # free text: 0 names
-    groups = max(1, episodes // n_actions)
+    size = group_size or n_actions
+    groups = max(1, episodes // size)
     group_seeds = 2**30 + seed * 100_003 + np.arange(groups)  # far from train/val seeds
     if solver_share > 0:
         policy = SolverMixturePolicy(env, env_params, tokenizer, config.context, seed,
@@ -80,7 +83,7 @@ def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutCon
     else:
         policy = RandomActionPolicy(env, env_params, tokenizer, config.context, seed,
                                     legal_only=legal_only)
-    batch = rollout.collect(policy, group_seeds, jax.random.key(seed), group_size=n_actions)
+    batch = rollout.collect(policy, group_seeds, jax.random.key(seed), group_size=size)
     if batch.metrics[f"{rollout.tag}/format_error_rate"] > 0:
         raise AssertionError("warm-start answers do not parse; the chat format changed?")
     if metrics is not None:

@@ -243,11 +243,15 @@ class Trainer:
         run = self.run
         warmstart = dataclasses.asdict(run.warmstart) | {"seed": seed}
         unset = {"turn_solver_share": run.warmstart.turn_share == run.warmstart.solver_share,
-                 "turn_system_prompt": not run.warmstart.turn_system_prompt}
+                 "turn_system_prompt": not run.warmstart.turn_system_prompt,
+                 "turn_episodes": run.warmstart.turn_episodes == 0}
         for name in (n for n, is_unset in unset.items() if is_unset):  # fields added later: unset, the key stays as before
             warmstart.pop(name)
+        context = repr(self.plan.rollout)
+        if not self.plan.rollout.system_template:  # likewise a rollout field added later
+            context = context.replace("system_template='', ", "")
         key = sft.cache_key(model=dataclasses.asdict(run.model), env=dataclasses.asdict(run.env),
-                            context=self.plan.rollout, warmstart=warmstart,
+                            context=context, warmstart=warmstart,
                             vocab=sorted(self.tokenizer.get_vocab().items()))
         name = "mixed" if run.env.mix else run.env.name
         return sft.cache_dir() / f"warmstart-{name}-{key}"
@@ -270,7 +274,9 @@ class Trainer:
             parts.append(warmstart_data(**data, solver_share=w.solver_share, metrics=stats[-1],
                                         observation_rows=None if w.own_turn_data else turns[-1]))
             if w.own_turn_data:  # the single-turn rows' own episodes and form
-                warmstart_data(**data | {"seed": seed + 1}, solver_share=w.turn_share,
+                own = {"seed": seed + 1} | ({"episodes": max(1, round(w.turn_episodes * slot.groups / total)),
+                                             "group_size": 1} if w.turn_episodes else {})
+                warmstart_data(**data | own, solver_share=w.turn_share,
                                observation_rows=turns[-1], system_rows=w.turn_system_prompt)
                 if w.turn_system_prompt:
                     turns[-1] |= shared_prefix_batches(turns[-1], w.turn_batch_size, seed)

@@ -442,19 +442,22 @@ def test_warmstart_is_cached_by_its_inputs(tmp_path, monkeypatch):
     reread = Trainer(micro_config(tmp_path / "e"))
     reread.warmstart()
     assert reread.warmstart_loaded_from is not None
+    worded = Trainer(micro_config(tmp_path / "f", extra=("--config.rollout.system_template=Push. {actions}",)))
+    assert worded._warmstart_folder(0) != first._warmstart_folder(0)  # the prompt made it too
 
 
 def test_single_turn_rows_can_come_from_their_own_mixture(tmp_path, monkeypatch):
     """``warmstart.turn_solver_share``: the single-turn rows are cut from episodes of that
     share (another data seed), the whole-episode stage keeps ``solver_share``'s; unset, both
-    stages read one data set."""
+    stages read one data set. ``warmstart.turn_episodes``: that many rows' episodes, one per level."""
     import ragen_jax.sft as sft
     from ragen_jax.train import Trainer
 
-    calls, real = [], sft.warmstart_data
+    calls, sizes, real = [], [], sft.warmstart_data
 
     def recording(*args, **kw):
         calls.append((kw["solver_share"], kw["seed"], kw.get("observation_rows") is not None))
+        sizes.append((kw["episodes"], kw.get("group_size", 0)))
         return real(*args, **kw)
 
     monkeypatch.setattr(sft, "warmstart_data", recording)
@@ -470,6 +473,14 @@ def test_single_turn_rows_can_come_from_their_own_mixture(tmp_path, monkeypatch)
         *env, "--config.warmstart.solver_share=0.3", "--config.warmstart.seed=0",
         "--config.warmstart.cache=False"))).warmstart()
     assert calls == [(0.3, 0, True)]
+    calls.clear()
+    sizes.clear()
+    rows = Trainer(micro_config(tmp_path / "c", env="frozenlake", extra=(
+        *env, "--config.warmstart.solver_share=0.3", "--config.warmstart.turn_solver_share=1.0",
+        "--config.warmstart.turn_episodes=12", "--config.warmstart.episodes=8", "--config.warmstart.seed=0",
+        "--config.warmstart.cache=False")))
+    rows.warmstart()
+    assert calls == [(0.3, 0, False), (1.0, 1, True)] and sizes == [(8, 0), (12, 1)]
 
 
 def test_mixed_run_trains_both_envs_in_one_batch(tmp_path, monkeypatch):

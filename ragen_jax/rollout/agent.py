@@ -100,6 +100,7 @@ class RolloutConfig:
     enable_think: bool = True  # <think>..</think><answer>..</answer>; False: answer only
     format_penalty: float = -0.1  # added once to a turn with a format error (RAGEN: -0.1)
     turn_template: str = ""  # per-turn user text ({turn} {state} {warning} {actions_left} {format} {max_tokens}); "" = RAGEN's
+    system_template: str = ""  # the system message ({instruction} {legend} {actions} {max_actions_per_turn}); "" = RAGEN's (prefix, instruction, legend, actions)
     max_tokens_hint: int = 0  # the prompt's {max_tokens} ("Max response length"); 0 = response_length (RAGEN's max_tokens)
     use_turn_scores: bool = False  # each turn's score on its last token (bi-level GAE)
     train_seed: int = 10000  # first training group seed (RAGEN: 10000)
@@ -121,6 +122,11 @@ class RolloutConfig:
         for name in ("temperature", "val_temperature", "top_k", "max_tokens_hint", "cache_multiple"):
             self._require(name, getattr(self, name) >= 0, ">= 0")
         self._require("top_p", 0 < self.top_p <= 1, "in (0, 1]")
+        try:
+            self.system_template.format(instruction="", legend="", actions="", max_actions_per_turn=1)
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"rollout.system_template: only {{instruction}} {{legend}} {{actions}} "
+                             f"{{max_actions_per_turn}} can be filled in, got {self.system_template!r} ({e!r})") from None
         self._require("context_window", self.context_window in MODES, f"one of {MODES}")
         self._require("overlong", self.overlong in OVERLONG, f"one of {OVERLONG}")
         self._require("window_turns", self.window_turns >= 0, ">= 0")
@@ -139,7 +145,7 @@ class RolloutConfig:
         return ContextConfig(
             enable_think=self.enable_think, max_actions_per_turn=self.max_actions_per_turn,
             format_penalty=self.format_penalty,
-            max_tokens_hint=self.max_tokens_hint or self.response_length,
+            max_tokens_hint=self.max_tokens_hint or self.response_length, system_template=self.system_template,
             **({"turn_template": self.turn_template} if self.turn_template else {}))
 
     def sampling(self, temperature: float | None = None) -> SamplingParams:

@@ -101,6 +101,7 @@ class ContextConfig:
     prefill_tag: bool = True
     action_sep: str = "||"
     env_instruction: str | None = None
+    system_template: str = ""  # the whole system message ({instruction} {legend} {actions} {max_actions_per_turn}); "" = RAGEN's composition below
     system_prefix: str = "You're a helpful assistant. "
     legend_template: str = "\nThe meaning of each symbol in the state is:\n{legend}"
     actions_template: str = (
@@ -143,20 +144,26 @@ def system_message(env: Any, action_names: Sequence[str], cfg: ContextConfig) ->
     """RAGEN's system message: prefix, env instruction (the config's, else the env's own
     ``instruction`` (host envs), else ``ENV_INSTRUCTIONS``), the env's ``observation_note()``
     (how to read its state, if it has one), symbol legend, available actions (none listed for
-    a free-text env, as RAGEN lists them only with an ``action_lookup``)."""
+    a free-text env, as RAGEN lists them only with an ``action_lookup``). A
+    ``system_template`` replaces the composition with its own text, filled with the same parts."""
     name = type(env).__name__
     instruction = cfg.env_instruction
     if instruction is None:
         instruction = getattr(env, "instruction", None) or ENV_INSTRUCTIONS.get(name, "")
+    legend = None
+    if getattr(env, "observation_format", "grid") in ("grid", "grid_coord"):
+        legend_fn = getattr(env, "symbol_legend", None)
+        legend = legend_fn() if callable(legend_fn) else ENV_LEGENDS.get(name)
+    if cfg.system_template:
+        return cfg.system_template.format(instruction=instruction, legend=legend or "",
+                                          actions=", ".join(action_names),
+                                          max_actions_per_turn=cfg.max_actions_per_turn)
     text = cfg.system_prefix + instruction
     note = getattr(env, "observation_note", None)
     if callable(note) and note():
         text += "\n" + note()
-    if getattr(env, "observation_format", "grid") in ("grid", "grid_coord"):
-        legend_fn = getattr(env, "symbol_legend", None)
-        legend = legend_fn() if callable(legend_fn) else ENV_LEGENDS.get(name)
-        if legend:
-            text += cfg.legend_template.format(legend=legend)
+    if legend:
+        text += cfg.legend_template.format(legend=legend)
     if action_names:
         text += cfg.actions_template.format(actions=", ".join(action_names),
                                             max_actions_per_turn=cfg.max_actions_per_turn)

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from ragen_jax.envs import make
 from ragen_jax.models import tokenizer as tk
+from ragen_jax.rollout.agent import RolloutConfig
 from ragen_jax.rollout.context import (
     ChatFormat,
     ContextConfig,
@@ -44,6 +45,18 @@ def test_system_message_states_true_per_turn_limit():
     assert "O: hole" not in text and "Board size" not in system_message(fl, fl.action_names, CFG)
     custom = system_message(env, env.action_names, ContextConfig(env_instruction="Push."))
     assert custom.startswith("You're a helpful assistant. Push.\n")
+
+
+def test_system_template_replaces_the_system_message():
+    env, _ = make("sokoban")
+    cfg = ContextConfig(max_actions_per_turn=3, system_template="{instruction}@{legend}@{actions}@{max_actions_per_turn}")
+    parts = system_message(env, env.action_names, cfg).split("@")
+    assert parts[0].startswith("You are solving the Sokoban puzzle.") and parts[1].startswith("#: wall, _: empty")
+    assert parts[2:] == ["Up, Down, Left, Right", "3"]
+    coord, _ = make("sokoban", observation_format="coord")  # no grid: no legend
+    assert system_message(coord, coord.action_names, ContextConfig(system_template="[{legend}]")) == "[]"
+    with pytest.raises(ValueError, match="rollout.system_template"):
+        RolloutConfig(system_template="{board}")
 
 
 def test_user_message_layout():
