@@ -245,8 +245,9 @@ class Trainer:
         unset = {"turn_solver_share": run.warmstart.turn_share == run.warmstart.solver_share,
                  "turn_system_prompt": not run.warmstart.turn_system_prompt,
                  "turn_episodes": run.warmstart.turn_episodes == 0}
-        for name in (n for n, is_unset in unset.items() if is_unset):  # fields added later: unset, the key stays as before
-            warmstart.pop(name)
+        for name, is_unset in unset.items():  # fields added later: unset, the key stays as before
+            if is_unset:
+                warmstart.pop(name)
         context = repr(self.plan.rollout)
         if not self.plan.rollout.system_template:  # likewise a rollout field added later
             context = context.replace("system_template='', ", "")
@@ -266,16 +267,17 @@ class Trainer:
         total = sum(s.groups for s in slots)
         parts, stats, turns = [], [], []
         for slot in slots:
+            share = lambda n, groups=slot.groups: max(1, round(n * groups / total))  # noqa: E731  (this env's part of n episodes)
             stats.append({})
             turns.append({} if w.turn_steps else None)
             data = dict(env=slot.rollout.env, env_params=slot.rollout.env_params, tokenizer=self.tokenizer,
                         config=slot.rollout.config, seed=seed, legal_only=w.legal_actions,
-                        episodes=max(1, round(w.episodes * slot.groups / total)))
+                        episodes=share(w.episodes))
             parts.append(warmstart_data(**data, solver_share=w.solver_share, metrics=stats[-1],
                                         observation_rows=None if w.own_turn_data else turns[-1]))
             if w.own_turn_data:  # the single-turn rows' own episodes and form
-                own = {"seed": seed + 1} | ({"episodes": max(1, round(w.turn_episodes * slot.groups / total)),
-                                             "group_size": 1} if w.turn_episodes else {})
+                own = {"seed": seed + 1} | ({"episodes": share(w.turn_episodes), "group_size": 1}
+                                            if w.turn_episodes else {})
                 warmstart_data(**data | own, solver_share=w.turn_share,
                                observation_rows=turns[-1], system_rows=w.turn_system_prompt)
                 if w.turn_system_prompt:
