@@ -50,7 +50,7 @@ def weak_scaling_child(devices: int, per_device: int, length: int, repeats: int)
 
     from ragen_jax import distributed as dist
     from ragen_jax.models import Qwen2ForCausalLM
-    from ragen_jax.models.qwen import shard_model
+    from ragen_jax.models.placement import shard_model
     from ragen_jax.sharding import make_mesh
     from ragen_jax.starpo.update import TrainBatch, UpdateConfig, make_optimizer, make_train_step
 
@@ -133,7 +133,7 @@ sys.path[:0] = [ROOT, ROOT + "/experiments"]
 from bench_update import _batch, model_config
 from bench_scaling import SHAPES_1_5B
 from ragen_jax.models import KVCache, Qwen2ForCausalLM, QwenConfig
-from ragen_jax.models.qwen import param_shardings
+from ragen_jax.models.placement import param_shardings
 from ragen_jax.rollout.sampler import SamplingParams
 from ragen_jax.rollout.sampler import _generate_in_place as _generate
 from ragen_jax.sharding import batch_sharding, make_mesh

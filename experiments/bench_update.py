@@ -120,7 +120,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, ROOT + "/experiments")
 from bench_update import _batch, model_config
 from ragen_jax.models import Qwen2ForCausalLM
-from ragen_jax.models.qwen import param_shardings
+from ragen_jax.models.placement import param_shardings
 from ragen_jax.sharding import batch_sharding, make_mesh
 from ragen_jax.starpo.update import UpdateConfig, make_optimizer, make_train_step
 

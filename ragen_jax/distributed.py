@@ -153,7 +153,7 @@ def local_replica(model: nnx.Module, mesh: Mesh, local: Mesh) -> nnx.Module:
     per call; with one process, ``model`` itself."""
     if not multiprocess():
         return model
-    from ragen_jax.models.qwen import shard_model
+    from ragen_jax.models.placement import shard_model
 
     graphdef, state = nnx.split(model)
     leaves, treedef = jax.tree.flatten(state)

@@ -33,7 +33,7 @@ from ragen_jax.models import (
 )
 from ragen_jax.models import tokenizer as tokenizers
 from ragen_jax.models.lora import add_lora
-from ragen_jax.models.qwen import shard_model
+from ragen_jax.models.placement import shard_model
 from ragen_jax.models.weights import load_config as load_model_config
 from ragen_jax.models.weights import tensor_files
 from ragen_jax.schema import DTYPES, ModelConfig, RunConfig, from_config_dict

@@ -41,7 +41,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from ragen_jax.models.kv_cache import KVCache
 
 # Large negative (not -inf) for masked attention scores, so a query with no visible key (a
 # padding token before any real token) gets a finite, ignored output instead of NaN.
@@ -237,97 +238,6 @@ class QwenConfig:
         )
         base.update(kw)
         return cls(**base)
-
-
-# ----------------------------------------------------------------------------------------------
-# KV cache
-# ----------------------------------------------------------------------------------------------
-
-
-@flax.struct.dataclass
-class KVCache:
-    """Per-layer keys and values plus slot bookkeeping; a pytree (donate it to jitted calls).
-
-    All sequences share the write index: a call with ``T`` tokens writes slots
-    ``[index, index + T)`` of every row. ``valid`` records which slots hold real tokens, so a
-    finished sequence or a short observation simply leaves invalid slots behind.
-    """
-
-    # Heads before slots, so the attention matmuls read the cache in place (batch dims B, K
-    # leading), and keys transposed (slots last) so both products contract over a non-minor
-    # dimension: q.k over D of [D, S], p.v over S of [S, D]. A [B, S, K, D] layout made XLA
-    # CPU transpose the whole cache every step; keys as [S, D] made decode's q.k 5-10x slower.
-    # Stacked [L, B, K, D, S] / [L, B, K, S, D] for a model with stacked layers, a tuple of
-    # per-layer [B, K, D, S] / [B, K, S, D] for one with separate layers (``per_layer``).
-    k: jax.Array | tuple[jax.Array, ...]
-    v: jax.Array | tuple[jax.Array, ...]
-    valid: jax.Array  # [B, S] bool: slot holds a real token
-    index: jax.Array  # [] int32: next slot to write (shared by the batch)
-    lengths: jax.Array  # [B] int32: real tokens so far, i.e. the next position id
-
-    @classmethod
-    def init(cls, config: QwenConfig, batch: int, size: int, dtype=None, *,
-             stacked: bool = True) -> KVCache:
-        """An empty cache of ``size`` slots, in the layout of a model whose layers are
-        ``stacked`` (else a tuple per layer). ``dtype`` defaults to the compute dtype."""
-        dtype = dtype or config.dtype
-        n, kv, d = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
-        k_shape, v_shape = (batch, kv, d, size), (batch, kv, size, d)
-        if stacked:
-            k, v = jnp.zeros((n, *k_shape), dtype), jnp.zeros((n, *v_shape), dtype)
-        else:
-            k = tuple(jnp.zeros(k_shape, dtype) for _ in range(n))
-            v = tuple(jnp.zeros(v_shape, dtype) for _ in range(n))
-        return cls(
-            k=k,
-            v=v,
-            valid=jnp.zeros((batch, size), bool),
-            index=jnp.zeros((), jnp.int32),
-            lengths=jnp.zeros((batch,), jnp.int32),
-        )
-
-    @property
-    def size(self) -> int:
-        return self.valid.shape[1]
-
-    @property
-    def batch(self) -> int:
-        return self.valid.shape[0]
-
-    def take(self, rows: jax.Array) -> KVCache:
-        """The cache of batch rows ``rows [R]`` (a gather: rows may repeat)."""
-        take = lambda x: jnp.take(x, rows, axis=-4)  # noqa: E731  (B is 4th from the end)
-        return self.replace(k=jax.tree.map(take, self.k), v=jax.tree.map(take, self.v),
-                            valid=self.valid[rows], lengths=self.lengths[rows])
-
-    def grow(self, size: int) -> KVCache:
-        """A copy with ``size`` slots (>= the current size); new slots are empty."""
-        extra = size - self.size
-        if extra < 0:
-            raise ValueError(f"cannot shrink a cache of {self.size} slots to {size}")
-        if extra == 0:
-            return self
-        pad_k = lambda x: jnp.pad(x, ((0, 0),) * (x.ndim - 1) + ((0, extra),))  # noqa: E731
-        pad_v = lambda x: jnp.pad(x, ((0, 0),) * (x.ndim - 2) + ((0, extra), (0, 0)))  # noqa: E731
-        return self.replace(
-            k=jax.tree.map(pad_k, self.k),
-            v=jax.tree.map(pad_v, self.v),
-            valid=jnp.pad(self.valid, ((0, 0), (0, extra))),
-        )
-
-
-def positions_from_mask(mask: jax.Array, start: jax.Array | None = None) -> jax.Array:
-    """Rotary positions that count real tokens only.
-
-    ``mask[B, T]`` marks real tokens; ``start[B]`` is the number of real tokens already seen
-    (``cache.lengths``). Real token j of row b gets ``start[b] + (#real tokens before j)``;
-    padding gets the position of the next real token (any value works, it is masked).
-    """
-    mask = mask.astype(jnp.int32)
-    pos = jnp.cumsum(mask, axis=-1) - mask  # [B, T] real tokens strictly before each slot
-    if start is not None:
-        pos = pos + start[:, None]
-    return pos.astype(jnp.int32)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -877,35 +787,6 @@ class Qwen2ForValue(nnx.Module):
         return self.score(x)[..., 0].astype(jnp.float32)
 
 
-# ----------------------------------------------------------------------------------------------
-# Sharding helpers
-# ----------------------------------------------------------------------------------------------
-
-
-def fit_spec(spec, shape, mesh: Mesh) -> PartitionSpec:
-    """``spec`` restricted to ``mesh``: axes the mesh lacks, or that do not divide the
-    dimension (e.g. 2 KV heads on a tensor axis of 4), are replaced by replication."""
-    spec = tuple(spec) if spec is not None else ()
-    out = []
-    for dim, axis in zip(shape, spec + (None,) * (len(shape) - len(spec)), strict=False):
-        names = axis if isinstance(axis, tuple) else (axis,) if axis else ()
-        names = tuple(n for n in names if n in mesh.shape)
-        size = math.prod(mesh.shape[n] for n in names)
-        out.append(names if names and dim % size == 0 else None)
-    out = [o[0] if isinstance(o, tuple) and len(o) == 1 else o for o in out]
-    return PartitionSpec(*out)
-
-
-def param_shardings(state, mesh: Mesh):
-    """NamedShardings for an NNX state (concrete or abstract) from its ``out_sharding``."""
-
-    def one(var):
-        spec = var.get_metadata().get("out_sharding")
-        return NamedSharding(mesh, fit_spec(spec, var.shape, mesh))
-
-    return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
-
-
 def per_layer(model: nnx.Module) -> nnx.Module:
     """``model`` with its decoder layers as separate modules (``nnx.List``), as a new module
     sharing nothing mutable; ``model`` itself if they already are. The decoding layout: see
@@ -931,18 +812,3 @@ def compute_copy(model: nnx.Module) -> nnx.Module:
         cast.config = cast.model.config = model.config.replace(param_dtype=dtype)
         model = cast
     return per_layer(model)
-
-
-def shard_model(model: Qwen2ForCausalLM, mesh: Mesh) -> Qwen2ForCausalLM:
-    """Places every parameter of ``model`` on ``mesh`` following its partition spec (in place)."""
-    state = nnx.state(model)
-    shardings = param_shardings(state, mesh)
-    model.model.activation_sharding = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
-    values = jax.tree.map(
-        lambda var, s: jax.device_put(var[...], s),
-        state,
-        shardings,
-        is_leaf=lambda x: isinstance(x, nnx.Variable),
-    )
-    nnx.update(model, values)
-    return model

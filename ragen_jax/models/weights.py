@@ -25,7 +25,8 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from ragen_jax.models.hf_folder import CheckpointError, describe_error
-from ragen_jax.models.qwen import Qwen2ForCausalLM, QwenConfig, param_shardings
+from ragen_jax.models.placement import param_shardings
+from ragen_jax.models.qwen import Qwen2ForCausalLM, QwenConfig
 
 # Keys some hub checkpoints carry that the model does not need.
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)

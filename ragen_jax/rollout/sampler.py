@@ -33,7 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ragen_jax.models.qwen import KVCache, Qwen2ForCausalLM, per_layer, positions_from_mask
+from ragen_jax.models.kv_cache import KVCache, positions_from_mask
+from ragen_jax.models.qwen import Qwen2ForCausalLM, per_layer
 
 _NEG_INF = float("-inf")
 

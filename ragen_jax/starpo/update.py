@@ -36,13 +36,9 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
-from ragen_jax.models.qwen import (
-    Qwen2ForCausalLM,
-    Qwen2ForValue,
-    SharedPrefix,
-    param_shardings,
-    positions_from_mask,
-)
+from ragen_jax.models.kv_cache import positions_from_mask
+from ragen_jax.models.placement import param_shardings
+from ragen_jax.models.qwen import Qwen2ForCausalLM, Qwen2ForValue, SharedPrefix
 from ragen_jax.sharding import batch_sharding
 from ragen_jax.starpo import losses
 from ragen_jax.starpo.token_scores import token_logprobs
