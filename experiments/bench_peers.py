@@ -23,7 +23,10 @@ then, in float32 on the CPU:
    ``--response-length`` tokens a turn, tiny shape, greedy): ours (``AgentRollout.collect``)
    against Tunix's agentic loop (``TrajectoryCollectEngine.collect_multiple`` with its
    ``ModelAgent``, our jitted Sokoban wrapped as its ``BaseTaskEnv``, Tunix's ``Sampler`` as
-   the ``model_call``): it runs on CPU; ``ROLLOUT_NOTE`` says what each side does.
+   the ``model_call``): it runs on CPU; ``ROLLOUT_NOTE`` says what each side does;
+4. ours against this CPU's ceilings (``--no-roofline`` skips it): prefill (a 1-token call)
+   against the float32 matmul peak, decode ms per token-step against the time to read every
+   weight and the attended cache once at the measured memory bandwidth.
 
 Two processes, arrays exchanged through ``.npz`` files: this script runs our side in the
 Python that starts it and re-runs itself with ``--worker`` under Tunix's own interpreter
@@ -526,6 +529,25 @@ def matmul_peak(n: int = 2048, repeats: int = 5) -> float:
     return 2 * n**3 / timed(lambda: dot(a, a).block_until_ready(), repeats) / 1e9
 
 
+def memory_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
+    """GB/s of a jitted sum over a ``gib`` GiB float32 array (best of ``repeats``): the rate
+    at which a decode step can read weights and cache, the bound decode is measured against."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones((int(gib * 2**28),), jnp.float32)
+    total = jax.jit(jnp.sum)
+    total(x).block_until_ready()
+    return x.size * 4 / timed(lambda: total(x).block_until_ready(), repeats) / 1e9
+
+
+def decode_bytes(cfg, params_bytes: int, batch: int, slots: int) -> int:
+    """Bytes a decode step must read at least: every weight once, and the keys and values
+    of the ``slots`` cache slots it attends over, for every row."""
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
+    return params_bytes + kv * batch * slots
+
+
 def run_tunix(work: Path, args) -> tuple[dict, dict]:
     spec = {"sizes": args.size_list, "batches": args.batch_list, "new": args.new,
             "repeats": args.repeats, "lr": args.lr, "rollout": None}
@@ -559,6 +581,8 @@ def parse(argv=None):
     ap.add_argument("--train-completion", type=int, default=128)
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--repeats", type=int, default=2, help="timed warm calls (best taken)")
+    ap.add_argument("--no-roofline", dest="roofline", action="store_false",
+                    help="skip the 1-token prefill calls and the bandwidth reading (ours)")
     ap.add_argument("--no-rollout", dest="rollout", action="store_false",
                     help="skip the multi-turn Sokoban rollout (part 3)")
     ap.add_argument("--groups", type=int, default=4, help="rollout: env groups")
@@ -590,12 +614,13 @@ def main() -> None:
         tunix_worker(Path(args.worker))
         return
     import jax
+    from flax import nnx
 
     from ragen_jax.models import from_pretrained
 
     work = Path(tempfile.mkdtemp(prefix="bench_peers_"))
     print(f"work folder: {work}", flush=True)
-    ours = {}
+    ours = {"load": [os.getloadavg()[0]]}
     for size in args.size_list:
         inputs = write_inputs(size, work / size, args)
         model = from_pretrained(work / size)
@@ -606,18 +631,58 @@ def main() -> None:
             ours[f"{size}/sample/{b}"] = our_sampling(model, inputs[f"prompts_{b}"], args.new,
                                                       args.repeats)
             print(f"ours {size} B={b}: {ours[f'{size}/sample/{b}'][0]:.2f} s warm", flush=True)
+            if args.roofline:  # a 1-token call: the prompt's prefill and the first token
+                ours[f"{size}/prefill/{b}"] = our_sampling(model, inputs[f"prompts_{b}"], 1,
+                                                           args.repeats)[0]
         if size == "tiny" and args.rollout:
             ours["rollout"] = our_rollout(model, args)
             print(f"ours rollout: {ours['rollout']}", flush=True)
+        ours[f"{size}/param_bytes"] = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model)))
         ours[f"{size}/train"] = our_train(model, inputs, args)  # donates the weights: last
         print(f"ours {size} train: {ours[f'{size}/train']}", flush=True)
         del model
     peak = matmul_peak()
+    ours["bandwidth"] = memory_bandwidth() if args.roofline else None
     theirs, tunix_arrays = run_tunix(work, args)
+    ours["load"].append(os.getloadavg()[0])
     text = report(args, ours, theirs, tunix_arrays, peak, jax.__version__)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)
     print(text)
+
+
+def roofline_lines(args, ours: dict, peak: float) -> list[str]:
+    """Ours against this CPU's two ceilings: prefill against the matmul peak, decode against
+    the time to read the weights and the attended cache once per step."""
+    from bench_sampler import work_gflop
+
+    from ragen_jax.rollout.sampler import bucket_length
+
+    bandwidth = ours["bandwidth"]
+    lines = ["", f"## Roofline reading (ours): prefill against the matmul peak ({peak:.0f} "
+             f"GFLOP/s), decode against the memory bandwidth ({bandwidth:.1f} GB/s, a jitted "
+             "sum over 1 GiB)", "",
+             "| shape | batch | prefill s | prefill GFLOP | prefill GFLOP/s | % of matmul peak | "
+             "decode ms/token-step | MB read per step (weights + cache) | bandwidth bound ms | "
+             "bound / measured |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for size in args.size_list:
+        cfg = our_config(size, args.big_vocab)
+        slots = bucket_length(args.prompt) + args.new  # the cache every decode step reads
+        for b in args.batch_list[size]:
+            prefill, total = ours[f"{size}/prefill/{b}"], ours[f"{size}/sample/{b}"][0]
+            work = work_gflop(cfg, b, args.prompt, 1)
+            decode_ms = 1e3 * (total - prefill) / max(args.new - 1, 1)
+            read = decode_bytes(cfg, ours[f"{size}/param_bytes"], b, slots)
+            bound_ms = 1e3 * read / (bandwidth * 1e9)
+            lines.append(f"| {size} | {b} | {prefill:.2f} | {work:.0f} | {work / prefill:.0f} | "
+                         f"{100 * work / prefill / peak:.0f}% | {decode_ms:.1f} | "
+                         f"{read / 1e6:.0f} | {bound_ms:.1f} | {bound_ms / decode_ms:.2f} |")
+    return lines + ["", "Prefill: a 1-token call on the same prompts (the prompt through every "
+                    "layer, logits at its last token, one sampled token); its work is "
+                    "`bench_sampler.work_gflop` for one new token. Decode: the rest of the "
+                    f"{args.new}-token call per token-step. The bound reads every weight and "
+                    "the whole cache buffer once per step; compute is ignored, so a step cannot "
+                    "beat it, and bound / measured is the share of the bandwidth used.", ""]
 
 
 def report(args, ours: dict, theirs: dict, tunix_arrays: dict, peak: float, jax_version: str) -> str:
@@ -629,9 +694,12 @@ def report(args, ours: dict, theirs: dict, tunix_arrays: dict, peak: float, jax_
         "",
         f"Same random Qwen2 checkpoint folder loaded by both, float32, CPU. Tunix "
         f"{theirs['versions'].get('tunix', '?')} in its own venv and process; ours jax "
-        f"{jax_version}. Host: {platform.machine()}, {os.cpu_count()} CPUs, **shared and busy** "
-        "(another engineer's CI and benchmarks ran at the same time: ratios from one run, "
-        f"absolute numbers noisy). Best of {args.repeats} warm calls. This CPU's float32 matmul "
+        f"{jax_version}. Host: {platform.machine()}, {os.cpu_count()} CPUs, 1-minute load "
+        f"average {ours['load'][0]:.1f} when our side started and {ours['load'][1]:.1f} after "
+        "Tunix's (ratios come from one run; absolute numbers move with the machine's load). "
+        + (f"Shape 0.5b: Qwen2.5-0.5B's layers with a {args.big_vocab}-token vocabulary. "
+           if "0.5b" in args.size_list else "") +
+        f"Best of {args.repeats} warm calls. This CPU's float32 matmul "
         f"roofline (jitted 2048^3 `jnp.dot`): {peak:.0f} GFLOP/s.",
         "",
         "| shape | check | max abs logit diff |",
@@ -659,6 +727,8 @@ def report(args, ours: dict, theirs: dict, tunix_arrays: dict, peak: float, jax_
             lines.append(f"| {size} | {b} | {n / warm:.0f} | {n / t['warm_s']:.0f} | "
                          f"{t['warm_s'] / warm:.2f}x | {same:.2f} | {work / warm:.0f} | "
                          f"{work / t['warm_s']:.0f} | {first:.1f} | {t['first_s']:.1f} |")
+    if args.roofline:
+        lines += roofline_lines(args, ours, peak)
     length = args.prompt + args.train_completion
     lines += [
         "",

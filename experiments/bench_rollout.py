@@ -42,6 +42,7 @@ from ragen_jax.rollout import Sampler
 from ragen_jax.rollout.agent import AgentRollout, RolloutConfig, train_seeds
 
 RESULTS = Path(__file__).parent / "results" / "bench_rollout.md"
+BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"  # jax.monitoring event
 
 
 def bench(name: str, config: QwenConfig, args) -> list[dict]:
@@ -82,6 +83,25 @@ def bench(name: str, config: QwenConfig, args) -> list[dict]:
     return rows
 
 
+class CompileCounter:
+    """Counts XLA backend compilations inside ``with counter:`` (``count``: the last block's)."""
+
+    def __init__(self):
+        self.count, self._on = 0, False
+        jax.monitoring.register_event_duration_secs_listener(self._event)
+
+    def _event(self, event: str, _secs: float, **_kw) -> None:
+        if self._on and event == BACKEND_COMPILE:
+            self.count += 1
+
+    def __enter__(self):
+        self.count, self._on = 0, True
+        return self
+
+    def __exit__(self, *exc):
+        self._on = False
+
+
 def bench_sharing(args) -> str:
     """The first prompt prefilled once per group and tighter cache growth, against neither,
     on the same seeds in one process, greedy (so the trajectories must be equal)."""
@@ -97,13 +117,25 @@ def bench_sharing(args) -> str:
                 ("prompt once + cache in multiples of 128",
                  dict(share_prompts=True, cache_multiple=128)),
                 ("prompt once + cache in multiples of 64",
-                 dict(share_prompts=True, cache_multiple=64))]
+                 dict(share_prompts=True, cache_multiple=64)),
+                ("prompt once + cache in multiples of 32",
+                 dict(share_prompts=True, cache_multiple=32)),
+                ("prompt once + cache in multiples of 32 + prompt chunks in multiples of 16",
+                 dict(share_prompts=True, cache_multiple=32, bucket_multiple=16))]
     rows, reference = [], None
+    compiles = CompileCounter()
     for label, kw in settings:
-        sampler = Sampler(model, pad_id=tok.pad_token_id, bucket_multiple=cfg.pad_multiple, **kw)
+        jax.clear_caches()  # every setting compiles its own shapes from nothing
+        kw = {"bucket_multiple": cfg.pad_multiple, **kw}
+        sampler = Sampler(model, pad_id=tok.pad_token_id, **kw)
         t0 = time.perf_counter()
-        rollout.collect(sampler, seeds, jax.random.key(0))  # compiles
-        warm = time.perf_counter() - t0
+        with compiles:
+            rollout.collect(sampler, seeds, jax.random.key(0))  # compiles
+        warm, first_compiles = time.perf_counter() - t0, compiles.count
+        with compiles:  # other levels, other prompt and answer lengths: new shapes?
+            for i in range(1, args.new_seed_batches + 1):
+                rollout.collect(sampler, train_seeds(cfg, i), jax.random.key(i))
+        later_compiles = compiles.count
         walls = []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
@@ -113,17 +145,21 @@ def bench_sharing(args) -> str:
         reference = reference or batch
         wall = float(np.median(walls))
         rows.append(f"| {label} | {wall:.2f} | {len(batch.trajectories) / wall:.2f} | "
-                    f"{batch.timing['generate_s']:.2f} | {warm:.1f} | "
-                    f"{'yes' if same else 'NO'} |")
+                    f"{batch.timing['generate_s']:.2f} | {warm:.1f} | {first_compiles} | "
+                    f"{later_compiles} | {'yes' if same else 'NO'} |")
         print(rows[-1], flush=True)
     base = float(rows[0].split("|")[2])
     return "\n".join([
         f"## Group prompt sharing and cache growth ({args.groups} groups x {args.group_size}, "
         f"{args.turns} turns, {args.response_length} tokens per turn, greedy, tiny)",
         "",
-        "| sampler | wall s | episodes/s | generate s | first run s | trajectories equal |",
-        "|---|---:|---:|---:|---:|---|",
-        *rows, "", "Speed-up over the first row: " + ", ".join(
+        "| sampler | wall s | episodes/s | generate s | first run s | compiles, first run | "
+        f"compiles, {args.new_seed_batches} runs on new levels | trajectories equal |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+        *rows, "", "Compiles: XLA backend compilations (jax's "
+        f"`{BACKEND_COMPILE}` events), counted after `jax.clear_caches()`; the "
+        "new-level runs use other training seeds (other prompt and answer lengths), after "
+        "the first run compiled.", "", "Speed-up over the first row: " + ", ".join(
             f"{base / float(r.split('|')[2]):.2f}x" for r in rows[1:]) + " "
         f"(median of {args.repeats} runs after a compiling one; {platform.machine()}, "
         f"{os.cpu_count()} CPUs, jax {jax.__version__}).", ""])
@@ -190,6 +226,8 @@ def main() -> None:
     ap.add_argument("--response-length", type=int, default=64)
     ap.add_argument("--big-groups", type=int, default=2, help="groups for --big (size 1)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--new-seed-batches", type=int, default=2,
+                    help="--sharing: runs on other levels after the first, counting compiles")
     ap.add_argument("--big-only", action="store_true", help="only the 0.5B-shaped model")
     ap.add_argument("--append", action="store_true",
                     help="append this table to the results file instead of replacing it")
