@@ -427,12 +427,14 @@ def write_inputs(size: str, folder: Path, args) -> dict:
     return inputs
 
 
-def our_sampling(model, prompts: np.ndarray, new: int, repeats: int):
+def our_sampling(model, prompts: np.ndarray, new: int, repeats: int, layout: bool | None = None):
+    """(warm s, first-call s, tokens) of greedy sampling; ``layout=False``: the Hugging Face
+    weight layout and XLA's default options (the sampler before its CPU decoding layout)."""
     import jax
 
     from ragen_jax.rollout import Sampler, SamplingParams
 
-    sampler = Sampler(model)
+    sampler = Sampler(model, layout=layout)
     sp = SamplingParams(max_new_tokens=new, temperature=0.0)
     out = {}
 
@@ -556,6 +558,8 @@ def run_tunix(work: Path, args) -> tuple[dict, dict]:
                            "turns": args.turns, "response_length": args.response_length}
     (work / "spec.json").write_text(json.dumps(spec))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    if args.tunix_xla_flags is not None:
+        env["XLA_FLAGS"] = args.tunix_xla_flags
     if args.rollout:  # only the rollout imports ragen_jax (its env, prompt and parser)
         env.update(PYTHONPATH=str(ROOT), MPLCONFIGDIR=tempfile.mkdtemp(prefix="mpl_"))
     cmd = [str(args.tunix_python), str(Path(__file__).resolve()), "--worker",
@@ -583,6 +587,8 @@ def parse(argv=None):
     ap.add_argument("--repeats", type=int, default=2, help="timed warm calls (best taken)")
     ap.add_argument("--no-roofline", dest="roofline", action="store_false",
                     help="skip the 1-token prefill calls and the bandwidth reading (ours)")
+    ap.add_argument("--no-baseline-layout", dest="baseline_layout", action="store_false",
+                    help="skip our sampler in the Hugging Face weight layout (the baseline)")
     ap.add_argument("--no-rollout", dest="rollout", action="store_false",
                     help="skip the multi-turn Sokoban rollout (part 3)")
     ap.add_argument("--groups", type=int, default=4, help="rollout: env groups")
@@ -591,6 +597,9 @@ def parse(argv=None):
     ap.add_argument("--response-length", type=int, default=64, help="rollout: tokens per turn")
     ap.add_argument("--tunix-python", default=str(TUNIX_PYTHON))
     ap.add_argument("--tunix-timeout", type=int, default=3600)
+    ap.add_argument("--tunix-xla-flags", default=None,
+                    help="XLA_FLAGS for Tunix's process, e.g. our sampler's CPU option "
+                         "'--xla_cpu_experimental_ynn_fusion_type=' process-wide")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -631,6 +640,11 @@ def main() -> None:
             ours[f"{size}/sample/{b}"] = our_sampling(model, inputs[f"prompts_{b}"], args.new,
                                                       args.repeats)
             print(f"ours {size} B={b}: {ours[f'{size}/sample/{b}'][0]:.2f} s warm", flush=True)
+            if args.baseline_layout:
+                ours[f"{size}/sample_hf/{b}"] = our_sampling(
+                    model, inputs[f"prompts_{b}"], args.new, args.repeats, layout=False)
+                print(f"ours {size} B={b} HF layout: {ours[f'{size}/sample_hf/{b}'][0]:.2f} s",
+                      flush=True)
             if args.roofline:  # a 1-token call: the prompt's prefill and the first token
                 ours[f"{size}/prefill/{b}"] = our_sampling(model, inputs[f"prompts_{b}"], 1,
                                                            args.repeats)[0]
@@ -693,7 +707,9 @@ def report(args, ours: dict, theirs: dict, tunix_arrays: dict, peak: float, jax_
         "# Side by side with Tunix (JAX peer): logits, sampling, GRPO train step, multi-turn rollout",
         "",
         f"Same random Qwen2 checkpoint folder loaded by both, float32, CPU. Tunix "
-        f"{theirs['versions'].get('tunix', '?')} in its own venv and process; ours jax "
+        f"{theirs['versions'].get('tunix', '?')} in its own venv and process"
+        + (f" (XLA_FLAGS=`{args.tunix_xla_flags}`)" if args.tunix_xla_flags is not None else "")
+        + "; ours jax "
         f"{jax_version}. Host: {platform.machine()}, {os.cpu_count()} CPUs, 1-minute load "
         f"average {ours['load'][0]:.1f} when our side started and {ours['load'][1]:.1f} after "
         "Tunix's (ratios come from one run; absolute numbers move with the machine's load). "
@@ -713,8 +729,9 @@ def report(args, ours: dict, theirs: dict, tunix_arrays: dict, peak: float, jax_
         f"## Greedy sampling: {args.prompt}-token prompts, {args.new} new tokens",
         "",
         "| shape | batch | ours tok/s | Tunix tok/s | ours / Tunix | identical rows | "
-        "ours GFLOP/s | Tunix GFLOP/s | ours first call s | Tunix first call s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "ours GFLOP/s | Tunix GFLOP/s | ours first call s | Tunix first call s | "
+        "ours, HF layout: tok/s | its / Tunix | identical rows |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for size in args.size_list:
         cfg = our_config(size, args.big_vocab)
@@ -724,9 +741,15 @@ def report(args, ours: dict, theirs: dict, tunix_arrays: dict, peak: float, jax_
             same = float((tokens == tunix_arrays[f"{size}/tokens_{b}"]).all(axis=1).mean())
             work = work_gflop(cfg, b, args.prompt, args.new)
             n = b * args.new
+            base = ""
+            if f"{size}/sample_hf/{b}" in ours:
+                hf_warm, _, hf_tokens = ours[f"{size}/sample_hf/{b}"]
+                base = (f" {n / hf_warm:.0f} | {t['warm_s'] / hf_warm:.2f}x | "
+                        f"{float((hf_tokens == tokens).all(axis=1).mean()):.2f} |")
             lines.append(f"| {size} | {b} | {n / warm:.0f} | {n / t['warm_s']:.0f} | "
                          f"{t['warm_s'] / warm:.2f}x | {same:.2f} | {work / warm:.0f} | "
-                         f"{work / t['warm_s']:.0f} | {first:.1f} | {t['first_s']:.1f} |")
+                         f"{work / t['warm_s']:.0f} | {first:.1f} | {t['first_s']:.1f} |"
+                         + (base or " | | |"))
     if args.roofline:
         lines += roofline_lines(args, ours, peak)
     length = args.prompt + args.train_completion
@@ -754,7 +777,11 @@ def report(args, ours: dict, theirs: dict, tunix_arrays: dict, peak: float, jax_
     lines += [
         "",
         *rollout_lines(args, ours, theirs),
-        "Tokens/s count generated tokens over a whole warm call (prefill included). The train "
+        "Tokens/s count generated tokens over a whole warm call (prefill included). Ours "
+        "samples in its CPU decoding layout (`[in, out]` weights, an untied `[E, V]` head, the "
+        "sampler's program compiled without XLA:CPU's YNNPACK fusions); \"ours, HF layout\" is "
+        "the same sampler with `layout=False` (the Hugging Face `[out, in]` weights and XLA's "
+        "default options, as before that layout), timed in the same run. The train "
         "step runs Tunix's `grpo_loss_fn` (full `[B, L, V]` logits) under an `nnx.Optimizer` "
         "as its `PeftTrainer` steps it; ours `make_train_step` (log-probs from hidden states in "
         "chunks, entropy bonus 0.001, dual clip 3). The pg losses agree at the first step "

@@ -135,7 +135,8 @@ from bench_scaling import SHAPES_1_5B
 from ragen_jax.models import KVCache, Qwen2ForCausalLM, QwenConfig
 from ragen_jax.models.placement import param_shardings
 from ragen_jax.rollout.sampler import SamplingParams
-from ragen_jax.rollout.sampler import _generate_in_place as _generate
+from ragen_jax.rollout.sampler import generate_jit
+_generate = generate_jit(False)
 from ragen_jax.sharding import batch_sharding, make_mesh
 from ragen_jax.starpo.update import UpdateConfig, make_optimizer, make_train_step
 from jax.sharding import NamedSharding, PartitionSpec as P

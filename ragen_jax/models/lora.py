@@ -41,6 +41,8 @@ def add_lora(model: nnx.Module, rank: int, alpha: float = 64.0,
         dtype = linear.weight[...].dtype
         spec = linear.weight.get_metadata().get("out_sharding") or (None,) * linear.weight.ndim
         *lead, out_spec, in_spec = spec
+        if linear.transposed:  # weight [..., in, out]
+            out_dim, in_dim, out_spec, in_spec = in_dim, out_dim, in_spec, out_spec
         a = jax.random.normal(jax.random.fold_in(key, i), (*layers, rank, in_dim), dtype)
         linear.lora_a = nnx.LoRAParam(a / jnp.sqrt(in_dim), out_sharding=(*lead, None, in_spec),
                                       eager_sharding=False)
@@ -64,6 +66,8 @@ def merge_lora(model: nnx.Module) -> nnx.Module:
         if linear.lora_a is None:
             continue
         delta = linear.lora_scale * (linear.lora_b[...] @ linear.lora_a[...])
+        if linear.transposed:
+            delta = jnp.swapaxes(delta, -1, -2)
         linear.weight[...] = (linear.weight[...] + delta).astype(linear.weight[...].dtype)
         linear.lora_a = linear.lora_b = None
         linear.lora_scale = 0.0

@@ -252,7 +252,9 @@ def _param(value, spec) -> nnx.Param:
 
 class Linear(nnx.Module):
     """``y = x @ weight.T + bias`` with the Hugging Face ``[out, in]`` weight layout, plus an
-    optional LoRA term ``lora_scale * x @ lora_a.T @ lora_b.T``.
+    optional LoRA term ``lora_scale * x @ lora_a.T @ lora_b.T``. A ``transposed`` Linear
+    stores ``weight`` as ``[in, out]`` and computes the same ``y`` (the CPU decoding layout:
+    ``decode_layout``).
 
     The adapter is off (``lora_a = lora_b = None``) until ``models.lora.add_lora`` sets the two
     ``nnx.LoRAParam`` matrices ``lora_a [r, in]`` and ``lora_b [out, r]`` and ``lora_scale``;
@@ -270,10 +272,12 @@ class Linear(nnx.Module):
         self.lora_a: nnx.LoRAParam | None = nnx.data(None)  # [r, in]
         self.lora_b: nnx.LoRAParam | None = nnx.data(None)  # [out, r]
         self.lora_scale: float = 0.0  # alpha / r
+        self.transposed: bool = False  # weight [in, out] instead of [out, in]
 
     def __call__(self, x):  # [..., in] -> [..., out]
         x = x.astype(self.dtype)
-        y = jnp.einsum("...i,oi->...o", x, self.weight[...].astype(self.dtype))
+        y = jnp.einsum("...i,io->...o" if self.transposed else "...i,oi->...o", x,
+                       self.weight[...].astype(self.dtype))
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         if self.lora_a is not None:
@@ -798,11 +802,55 @@ def per_layer(model: nnx.Module) -> nnx.Module:
     return copy
 
 
-def compute_copy(model: nnx.Module) -> nnx.Module:
+def _swapped(var: nnx.Variable) -> nnx.Param:
+    """``var`` with its last two axes (and their partition spec) swapped."""
+    meta = dict(var.get_metadata())
+    spec = meta.get("out_sharding")
+    if spec is not None and len(spec) >= 2:
+        meta["out_sharding"] = (*spec[:-2], spec[-1], spec[-2])
+    return nnx.Param(jnp.swapaxes(var[...], -1, -2), **meta)
+
+
+def in_decode_layout(model: nnx.Module) -> bool:
+    """Whether ``model`` is already in the ``decode_layout``."""
+    head = getattr(model, "lm_head", None)
+    return isinstance(head, Linear) and head.transposed
+
+
+def decode_layout(model: Qwen2ForCausalLM) -> Qwen2ForCausalLM:
+    """``model`` in the CPU decoding layout, as a new module sharing nothing mutable: every
+    ``Linear`` weight stored ``[in, out]`` (``transposed``), and a tied output head copied into
+    its own transposed ``lm_head`` (``embed_tokens.weight.T``; one more ``[E, V]`` array).
+
+    Why: XLA:CPU runs the few-row matmuls of a decoding step (``[B, E] x [E, F]`` with B of
+    1-32) well below both its matmul peak and the memory bandwidth in the Hugging Face
+    ``[out, in]`` layout; with ``[in, out]`` weights and the sampler's CPU compiler options
+    (``rollout.sampler.CPU_DECODE_OPTIONS``) the same products run about twice as fast
+    (``experiments/bench_peers.py``). Logits equal the original layout's up to float
+    rounding. A copy to compute with, not to save (its tied head is untied)."""
+    copy = nnx.merge(*nnx.split(model))
+    for _, module in copy.iter_modules():
+        if isinstance(module, Linear) and not module.transposed:
+            module.weight = _swapped(module.weight)
+            module.transposed = True
+    if copy.lm_head is None:
+        c = copy.config
+        head = nnx.eval_shape(lambda: Linear(c.hidden_size, c.vocab_size, bias=False,
+                                             spec=("tensor", "fsdp"), config=c,
+                                             rngs=nnx.Rngs(0)))
+        head.weight = _swapped(copy.model.embed_tokens.weight)
+        head.transposed = True
+        copy.lm_head = nnx.data(head)  # was a static None
+    return copy
+
+
+def compute_copy(model: nnx.Module, *, layout: bool | None = None) -> nnx.Module:
     """The sampler's copy of ``model``: its floating-point variables in the compute dtype
     (``config.dtype``) and its layers ``per_layer``, as a new module sharing nothing mutable
-    (``model`` itself when it already is both). Decoding is bound by reading the weights, so
-    float32 master weights cast on every step would read twice the bytes."""
+    (``model`` itself when it already is both and needs no new layout). Decoding is bound by
+    reading the weights, so float32 master weights cast on every step would read twice the
+    bytes. With ``layout`` (default: when JAX's backend is the CPU) the copy is also in the
+    ``decode_layout``."""
     dtype = model.config.dtype
     if jnp.dtype(model.config.param_dtype) != jnp.dtype(dtype):
         graphdef, state = nnx.split(model)
@@ -811,4 +859,9 @@ def compute_copy(model: nnx.Module) -> nnx.Module:
         cast = nnx.merge(graphdef, state)
         cast.config = cast.model.config = model.config.replace(param_dtype=dtype)
         model = cast
-    return per_layer(model)
+    model = per_layer(model)
+    if layout is None:
+        layout = jax.default_backend() == "cpu"
+    if layout and isinstance(model, Qwen2ForCausalLM) and not in_decode_layout(model):
+        model = decode_layout(model)
+    return model

@@ -8,6 +8,8 @@ Per call (one turn):
    the cache (continuing an existing cache for later turns), then decode token by token in a
    ``lax.while_loop`` until every sequence has hit a stop token or its token budget, or the
    static ``max_new_tokens`` steps are done. No host round trip happens inside the loop.
+   On the CPU the model runs in ``decode_layout`` (``[in, out]`` weights) and the program is
+   compiled with ``CPU_DECODE_OPTIONS``: together about twice as fast per decoding step.
 3. Each generated token is also fed back into the cache (the last one included), so the
    returned cache holds the whole trajectory and the next turn only prefills its new tokens.
 
@@ -25,6 +27,7 @@ For greedy decoding (temperature 0) both are the temperature-1 ``log_softmax(log
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 import flax.struct
@@ -34,7 +37,7 @@ import numpy as np
 from flax import nnx
 
 from ragen_jax.models.kv_cache import KVCache, positions_from_mask
-from ragen_jax.models.qwen import Qwen2ForCausalLM, per_layer
+from ragen_jax.models.qwen import Qwen2ForCausalLM, decode_layout, in_decode_layout, per_layer
 
 _NEG_INF = float("-inf")
 
@@ -216,10 +219,35 @@ def _generate(graphdef, state, cache, tokens, mask, stop, budget, active, key, e
                         cache=cache)
 
 
-_generate_in_place = jax.jit(_generate, static_argnames=("graphdef", "sp", "pad_id"),
-                             donate_argnames=("cache",))
-# With ``expand`` the output cache has more rows than the input: nothing to donate.
-_generate_expanded = jax.jit(_generate, static_argnames=("graphdef", "sp", "pad_id"))
+#: XLA debug options for the sampler's program on the CPU: no YNNPACK fusions, so that the
+#: few-row matmuls of a decoding step go to XLA's own dot kernels, which run them about twice
+#: as fast with ``[in, out]`` weights (``decode_layout``; slower with ``[out, in]``: the two go
+#: together). Measured by ``experiments/bench_peers.py``; options this jaxlib does not know
+#: are left out (``cpu_decode_options``).
+CPU_DECODE_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+
+
+@functools.cache
+def cpu_decode_options() -> dict[str, str] | None:
+    """``CPU_DECODE_OPTIONS`` when JAX runs on the CPU and its XLA accepts them, else None."""
+    if jax.default_backend() != "cpu":
+        return None
+    try:
+        jax.jit(lambda x: x + 1, compiler_options=CPU_DECODE_OPTIONS).lower(0).compile()
+    except Exception:  # an XLA without the option: compile with the defaults
+        return None
+    return CPU_DECODE_OPTIONS
+
+
+@functools.cache
+def generate_jit(expanded: bool, options: tuple[tuple[str, str], ...] = ()):
+    """The jitted ``_generate``: in place (the cache argument donated) or ``expanded`` (the
+    output cache has more rows than the input: nothing to donate), compiled with ``options``."""
+    return jax.jit(_generate, static_argnames=("graphdef", "sp", "pad_id"),
+                   donate_argnames=() if expanded else ("cache",),
+                   compiler_options=dict(options) or None)
+
+
 
 
 class Sampler:
@@ -228,13 +256,19 @@ class Sampler:
     The model is split once into graph definition and parameter state, so parameters are
     jit arguments (not constants baked into the program). Call ``update(model)`` after a
     training step to sample from new weights without recompiling. A model with stacked
-    layers is first copied ``per_layer`` (the decoding layout; ``compute_copy`` already is).
+    layers is first copied ``per_layer``, and on the CPU into ``decode_layout`` (``compute_copy``
+    already is both; ``layout=False`` keeps the Hugging Face layout and XLA's default options).
     """
 
     def __init__(self, model: Qwen2ForCausalLM, *, pad_id: int = 0, min_bucket: int = 16,
                  bucket_multiple: int | None = None, share_prompts: bool = True,
-                 cache_multiple: int | None = None):
-        self.graphdef, self.state = nnx.split(per_layer(model))
+                 cache_multiple: int | None = None, layout: bool | None = None):
+        # ``layout``: decode in ``decode_layout`` with ``CPU_DECODE_OPTIONS`` (default: on
+        # the CPU, where this jaxlib knows the options); decided once, here.
+        options = cpu_decode_options()
+        self.layout = options is not None if layout is None else layout
+        self.options = tuple((options or {}).items()) if self.layout else ()
+        self.graphdef, self.state = nnx.split(self._prepare(model))
         self.config = model.config
         self.pad_id = int(pad_id)
         self.min_bucket = int(min_bucket)
@@ -244,7 +278,15 @@ class Sampler:
 
     def update(self, model: Qwen2ForCausalLM) -> None:
         """Uses ``model``'s current parameters from now on."""
-        self.graphdef, self.state = nnx.split(per_layer(model))
+        self.graphdef, self.state = nnx.split(self._prepare(model))
+
+    def _prepare(self, model: Qwen2ForCausalLM) -> Qwen2ForCausalLM:
+        """``model`` as this sampler runs it: ``per_layer``, and in ``decode_layout`` with
+        ``layout`` (a copy only where it is not already: ``compute_copy`` makes both)."""
+        model = per_layer(model)
+        if self.layout and not in_decode_layout(model):
+            model = decode_layout(model)
+        return model
 
     def __call__(
         self,
@@ -308,7 +350,7 @@ class Sampler:
             stop = np.full((b, 1), -1, np.int32)  # -1 never matches a token
         budget = np.full((b,), n, np.int32) if max_new is None else np.minimum(
             np.asarray(max_new, np.int32), n)
-        run = _generate_in_place if expand is None else _generate_expanded
+        run = generate_jit(expand is not None, self.options)
         return run(self.graphdef, self.state, cache, jnp.asarray(tokens), jnp.asarray(valid),
                          jnp.asarray(stop), jnp.asarray(budget), jnp.asarray(act), key,
                          None if expand is None else jnp.asarray(expand),

@@ -1,0 +1,193 @@
+"""Our sampler and train step on an accelerator (GPU or TPU), in the precision a user runs there.
+
+Random Qwen2.5-shaped models with the real 151,936-token vocabulary (``--sizes``: 0.5b, 1.5b),
+bfloat16 compute on float32 master weights as the trainer keeps them, the sampler on the bf16
+``compute_copy``:
+
+1. the chip's ceilings, measured: a jitted ``n^3`` bf16 matmul (TFLOP/s) and a jitted sum over
+   a large float32 array (GB/s);
+2. greedy sampling, ``--prompt`` random tokens then exactly ``--new`` new tokens (no stop
+   token), batch ``--batches``: tokens/s of a warm call, prefill seconds (a 1-token call on
+   the same prompts), decode ms per token-step against the time to read every bf16 weight and
+   the attended cache once per step at the measured bandwidth;
+3. one policy-gradient train step (``starpo.update.make_train_step``: AdamW,
+   ``--micro-batches``, ``--remat`` as the Qwen2.5 presets set it, ``--train-rows`` rows of
+   ``--train-length`` tokens, the second half trained): tokens/s and model FLOP utilisation
+   (``6 x parameters x tokens`` plus causal attention, over the measured peak); a step that
+   fails (out of memory) is a row saying so.
+
+Runs anywhere JAX runs (on the CPU it is slow: use ``--sizes 0.5b --batches 1 --new 8``).
+
+    PYTHONPATH=. python experiments/bench_accelerator.py --out experiments/results/bench_accelerator.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_peers import timed  # noqa: E402
+from bench_sampler import work_gflop  # noqa: E402
+
+from ragen_jax.models import Qwen2ForCausalLM, QwenConfig, compute_copy  # noqa: E402
+from ragen_jax.rollout import Sampler, SamplingParams  # noqa: E402
+from ragen_jax.starpo.token_scores import token_logprobs  # noqa: E402
+from ragen_jax.starpo.update import TrainBatch, UpdateConfig, make_optimizer, make_train_step  # noqa: E402
+
+SHAPES = {  # Qwen2.5 layer shapes (the Hugging Face configs), real vocabulary; "smoke": a check
+    "smoke": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                 num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
+    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                 num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True),
+}
+
+
+def matmul_tflops(n: int, repeats: int = 10) -> float:
+    a = jnp.asarray(np.random.RandomState(0).randn(n, n), jnp.bfloat16)
+    dot = jax.jit(jnp.dot)
+    dot(a, a).block_until_ready()
+    return 2 * n**3 / timed(lambda: dot(a, a).block_until_ready(), repeats) / 1e12
+
+
+def bandwidth_gbs(gib: float, repeats: int = 10) -> float:
+    x = jnp.ones((int(gib * 2**28),), jnp.float32)
+    total = jax.jit(jnp.sum)
+    total(x).block_until_ready()
+    return x.size * 4 / timed(lambda: total(x).block_until_ready(), repeats) / 1e9
+
+
+def config(size: str, remat: str) -> QwenConfig:
+    return QwenConfig(vocab_size=151936, rope_theta=1e6, rms_norm_eps=1e-6,
+                      dtype=jnp.bfloat16, remat=remat, **SHAPES[size])
+
+
+def sampling(policy, cfg: QwenConfig, batch: int, args, rng) -> dict:
+    prompts = rng.randint(10, cfg.vocab_size, (batch, args.prompt)).tolist()
+    sampler = Sampler(policy)
+
+    def call(new: int):
+        sp = SamplingParams(max_new_tokens=new, temperature=0.0)
+        out = sampler(prompts, key=jax.random.key(0), params=sp)
+        jax.block_until_ready(out.tokens)
+
+    t0 = time.perf_counter()
+    call(args.new)
+    first = time.perf_counter() - t0
+    full = timed(lambda: call(args.new), args.repeats)
+    call(1)
+    prefill = timed(lambda: call(1), args.repeats)
+    return {"first_s": first, "full_s": full, "prefill_s": prefill,
+            "decode_ms": 1e3 * (full - prefill) / max(args.new - 1, 1)}
+
+
+def train_step(actor, cfg: QwenConfig, args, rng) -> dict:
+    b, length = args.train_rows, args.train_length
+    ids = jnp.asarray(rng.randint(10, cfg.vocab_size, (b, length)), jnp.int32)
+    mask = jnp.ones((b, length), bool)
+    positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
+    loss_mask = jnp.zeros((b, length), jnp.float32).at[:, length // 2:].set(1.0)
+    adv = jnp.broadcast_to(jnp.asarray(rng.randn(b), jnp.float32)[:, None], (b, length))
+    old_logp, _ = token_logprobs(actor, ids, mask, positions, 1.0)  # on-policy
+    batch = TrainBatch(ids, mask, positions, loss_mask, jax.lax.stop_gradient(old_logp), adv)
+    ucfg = UpdateConfig(lr=1e-6, micro_batches=args.micro_batches, loss_agg_mode="token-mean")
+    graphdef, params, rest = nnx.split(actor, nnx.Param, ...)
+    opt = make_optimizer(ucfg)
+    holder = {"p": params, "o": opt.init(params)}
+    t0 = time.perf_counter()
+    compiled = make_train_step(graphdef, ucfg, opt).lower(params, rest, holder["o"], batch).compile()
+    compile_s = time.perf_counter() - t0
+    lr = jnp.float32(ucfg.lr)
+
+    def one():
+        holder["p"], holder["o"], m = compiled(holder["p"], rest, holder["o"], batch, lr)
+        jax.block_until_ready(m)
+        holder["loss"] = float(m["actor/pg_loss"])
+
+    one()
+    return {"step_s": timed(one, args.repeats), "compile_s": compile_s,
+            "loss_finite": bool(np.isfinite(holder["loss"]))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="0.5b,1.5b")
+    ap.add_argument("--batches", default="1,8,32,128")
+    ap.add_argument("--prompt", type=int, default=256)
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--train-rows", type=int, default=16)
+    ap.add_argument("--train-length", type=int, default=1024)
+    ap.add_argument("--micro-batches", type=int, default=1)
+    ap.add_argument("--remat", default="dots",
+                    help="QwenConfig.remat of the train step (the Qwen2.5 presets' 'dots')")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--matmul-n", type=int, default=8192)
+    ap.add_argument("--bandwidth-gib", type=float, default=4.0)
+    ap.add_argument("--out", default=None, help="also write the markdown table here")
+    args = ap.parse_args()
+    dev = jax.devices()[0]
+    peak, bw = matmul_tflops(args.matmul_n), bandwidth_gbs(args.bandwidth_gib)
+    lines = [f"# Our sampler and train step on {dev.device_kind} ({dev.platform}), jax "
+             f"{jax.__version__}", "",
+             f"Measured ceilings: bf16 {args.matmul_n}^3 matmul {peak:.0f} TFLOP/s; a float32 "
+             f"sum over {args.bandwidth_gib:g} GiB {bw:.0f} GB/s. Random weights, bf16 compute "
+             f"(sampler: bf16 weights; train step: float32 master weights). Best of "
+             f"{args.repeats} warm calls.", "",
+             f"## Greedy sampling: {args.prompt}-token prompts, {args.new} new tokens", "",
+             "| shape | batch | tok/s | first call s | prefill s | prefill TFLOP/s | decode "
+             "ms/token-step | bandwidth bound ms | bound / measured |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    print("\n".join(lines), flush=True)
+    train_lines = []
+    rng = np.random.RandomState(0)
+    for size in args.sizes.split(","):
+        cfg = config(size, args.remat)
+        actor = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))
+        policy = compute_copy(actor)
+        n_params = sum(x.size for x in jax.tree.leaves(nnx.state(actor, nnx.Param)))
+        weight_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(policy)))
+        for b in [int(x) for x in args.batches.split(",")]:
+            r = sampling(policy, cfg, b, args, rng)
+            kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
+            bound_ms = 1e3 * (weight_bytes + kv * b * (args.prompt + args.new)) / (bw * 1e9)
+            pre_tf = work_gflop(cfg, b, args.prompt, 1) / r["prefill_s"] / 1e3
+            lines.append(f"| {size} | {b} | {b * args.new / r['full_s']:.0f} | {r['first_s']:.1f} | "
+                         f"{r['prefill_s']:.3f} | {pre_tf:.1f} | {r['decode_ms']:.2f} | "
+                         f"{bound_ms:.2f} | {bound_ms / r['decode_ms']:.2f} |")
+            print(lines[-1], flush=True)
+        del policy
+        rows = f"| {size} | {n_params / 1e6:.0f}M | {args.train_rows} x {args.train_length} |"
+        try:
+            t = train_step(actor, cfg, args, rng)
+        except Exception as e:  # out of memory, say: a row that says so, not a crash
+            train_lines.append(f"{rows} failed: {type(e).__name__}: {str(e)[:160]} | | | | |")
+        else:
+            tokens = args.train_rows * args.train_length
+            attn = 6 * cfg.num_hidden_layers * cfg.hidden_size * args.train_length * tokens
+            flop = 6 * n_params * tokens + attn
+            train_lines.append(f"{rows} {t['step_s']:.3f} | {tokens / t['step_s']:.0f} | "
+                               f"{100 * flop / t['step_s'] / (peak * 1e12):.0f}% | "
+                               f"{t['compile_s']:.0f} | {t['loss_finite']} |")
+        print(train_lines[-1], flush=True)
+        del actor
+    lines += ["", f"## Policy-gradient train step (AdamW, {args.micro_batches} micro-batch(es), "
+              f"remat {args.remat!r}, half of each row trained)", "", "| shape | parameters | rows x tokens | step s | tokens/s | MFU "
+              "(6N + attention) | compile s | loss finite |", "|---|---:|---|---:|---:|---:|---:|---|",
+              *train_lines, ""]
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()
