@@ -34,41 +34,26 @@ import numpy as np
 from flax import nnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_peers import timed  # noqa: E402
+from bench_peers import matmul_peak, memory_bandwidth, timed  # noqa: E402
 from bench_sampler import work_gflop  # noqa: E402
+from bench_scaling import SHAPES_1_5B  # noqa: E402
 
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig, compute_copy  # noqa: E402
 from ragen_jax.rollout import Sampler, SamplingParams  # noqa: E402
 from ragen_jax.starpo.token_scores import token_logprobs  # noqa: E402
 from ragen_jax.starpo.update import TrainBatch, UpdateConfig, make_optimizer, make_train_step  # noqa: E402
 
-SHAPES = {  # Qwen2.5 layer shapes (the Hugging Face configs), real vocabulary; "smoke": a check
-    "smoke": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
-    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                 num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
-    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                 num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True),
-}
-
-
-def matmul_tflops(n: int, repeats: int = 10) -> float:
-    a = jnp.asarray(np.random.RandomState(0).randn(n, n), jnp.bfloat16)
-    dot = jax.jit(jnp.dot)
-    dot(a, a).block_until_ready()
-    return 2 * n**3 / timed(lambda: dot(a, a).block_until_ready(), repeats) / 1e12
-
-
-def bandwidth_gbs(gib: float, repeats: int = 10) -> float:
-    x = jnp.ones((int(gib * 2**28),), jnp.float32)
-    total = jax.jit(jnp.sum)
-    total(x).block_until_ready()
-    return x.size * 4 / timed(lambda: total(x).block_until_ready(), repeats) / 1e9
+SMOKE = dict(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)  # a check
 
 
 def config(size: str, remat: str) -> QwenConfig:
-    return QwenConfig(vocab_size=151936, rope_theta=1e6, rms_norm_eps=1e-6,
-                      dtype=jnp.bfloat16, remat=remat, **SHAPES[size])
+    """Qwen2.5's shapes (real vocabulary) for ``size`` in 0.5b, 1.5b, smoke; bf16 compute."""
+    kw = dict(dtype=jnp.bfloat16, remat=remat)
+    if size == "0.5b":
+        return QwenConfig.qwen2_5_0_5b(**kw)
+    shape = {"1.5b": SHAPES_1_5B, "smoke": SMOKE}[size]
+    return QwenConfig(rope_theta=1e6, rms_norm_eps=1e-6, **shape, **kw)
 
 
 def sampling(policy, cfg: QwenConfig, batch: int, args, rng) -> dict:
@@ -135,7 +120,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="also write the markdown table here")
     args = ap.parse_args()
     dev = jax.devices()[0]
-    peak, bw = matmul_tflops(args.matmul_n), bandwidth_gbs(args.bandwidth_gib)
+    peak = matmul_peak(args.matmul_n, 10, "bfloat16") / 1e3  # TFLOP/s
+    bw = memory_bandwidth(args.bandwidth_gib, 10)
     lines = [f"# Our sampler and train step on {dev.device_kind} ({dev.platform}), jax "
              f"{jax.__version__}", "",
              f"Measured ceilings: bf16 {args.matmul_n}^3 matmul {peak:.0f} TFLOP/s; a float32 "

@@ -538,12 +538,12 @@ def our_rollout(model, args) -> dict:
             "turns": float(np.mean(batch.num_turns))}
 
 
-def matmul_peak(n: int = 2048, repeats: int = 5) -> float:
-    """float32 GFLOP/s of a jitted ``n^3`` matmul (best of ``repeats``): the CPU's roofline."""
+def matmul_peak(n: int = 2048, repeats: int = 5, dtype: str = "float32") -> float:
+    """GFLOP/s of a jitted ``n^3`` matmul in ``dtype`` (best of ``repeats``): the roofline."""
     import jax
     import jax.numpy as jnp
 
-    a = jnp.asarray(np.random.RandomState(0).randn(n, n), jnp.float32)
+    a = jnp.asarray(np.random.RandomState(0).randn(n, n), dtype)
     dot = jax.jit(jnp.dot)
     dot(a, a).block_until_ready()
     return 2 * n**3 / timed(lambda: dot(a, a).block_until_ready(), repeats) / 1e9
