@@ -16,7 +16,8 @@ then, in float32 on the CPU:
    Tunix's GRPO loss (``tunix.rl.algo_core.grpo_loss_fn``, the learner's policy loss) with an
    ``nnx.Optimizer`` stepped as its ``PeftTrainer._train_step`` does (``nnx.value_and_grad``,
    then ``optimizer.update``), jitted with the model and optimizer state donated; ours
-   ``starpo.update.make_train_step``. Peak memory: ``jax.devices()[0].memory_stats()`` is None
+   ``starpo.update.make_train_step`` under each ``--train-remat`` policy (Tunix's model at
+   its default, no rematerialisation). Peak memory: ``jax.devices()[0].memory_stats()`` is None
    on the CPU backend, so the column is XLA's compiled memory analysis of the step
    (arguments + outputs + temporaries - aliased, i.e. what the step needs live at its peak);
 3. a multi-turn Sokoban rollout (``--groups x --group-size`` episodes, ``--turns`` turns,
@@ -594,13 +595,17 @@ def parse(argv=None):
     ap.add_argument("--quick", action="store_true",
                     help="smoke test: tiny only, batch 1/8, 64-token prompts, 16 new tokens")
     ap.add_argument("--sizes", default="tiny,0.5b")
-    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--batches", default="1,8,32", help="sampler batches ('' for none)")
     ap.add_argument("--big-batches", default=None, help="batches of the 0.5B shape (default --batches)")
     ap.add_argument("--big-vocab", type=int, default=8192, help="vocabulary of the 0.5B shape")
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--train-batch", default="8,2", help="rows of the train step: tiny,0.5b")
     ap.add_argument("--train-completion", type=int, default=128)
+    ap.add_argument("--train-remat", default="none,dots",
+                    help="our train step under each of these QwenConfig.remat policies: 'none' "
+                         "(Tunix's default, nothing rematerialised), 'dots' (the Qwen2.5 "
+                         "presets': only the weight matmuls' outputs kept)")
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--repeats", type=int, default=2, help="timed warm calls (best taken)")
     ap.add_argument("--no-roofline", dest="roofline", action="store_false",
@@ -626,9 +631,10 @@ def parse(argv=None):
         args.train_completion, args.repeats = 32, 1
         args.groups, args.group_size, args.turns, args.response_length = 2, 2, 2, 16
     args.size_list = args.sizes.split(",")
+    args.remat_list = args.train_remat.split(",")
     args.rollout = args.rollout and "tiny" in args.size_list
-    batches = [int(b) for b in args.batches.split(",")]
-    big = [int(b) for b in args.big_batches.split(",")] if args.big_batches else batches
+    batches = [int(b) for b in args.batches.split(",") if b]  # --batches= : no sampling
+    big = [int(b) for b in args.big_batches.split(",") if b] if args.big_batches else batches
     args.batch_list = {s: batches if s == "tiny" else big for s in args.size_list}
     rows = [int(b) for b in args.train_batch.split(",")]
     args.train_batch = {s: rows[min(i, len(rows) - 1)] for i, s in enumerate(["tiny", "0.5b"])}
@@ -670,9 +676,13 @@ def main() -> None:
             ours["rollout"] = our_rollout(model, args)
             print(f"ours rollout: {ours['rollout']}", flush=True)
         ours[f"{size}/param_bytes"] = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model)))
-        ours[f"{size}/train"] = our_train(model, inputs, args)  # donates the weights: last
-        print(f"ours {size} train: {ours[f'{size}/train']}", flush=True)
         del model
+        release_freed_memory()
+        for remat in args.remat_list:  # each step donates its weights: a fresh load each
+            key = f"{size}/train/{remat}"
+            ours[key] = our_train(from_pretrained(work / size, remat=remat), inputs, args)
+            release_freed_memory()
+            print(f"ours {size} train, remat {remat}: {ours[key]}", flush=True)
     peak = matmul_peak()
     ours["bandwidth"] = memory_bandwidth() if args.roofline else None
     theirs, tunix_arrays = run_tunix(work, args)
@@ -742,6 +752,7 @@ def report(args, ours: dict, theirs: dict, tunix_arrays: dict, peak: float, jax_
     for size in args.size_list:
         diff = float(np.abs(ours[f"{size}/logits"] - tunix_arrays[f"{size}/logits"]).max())
         lines.append(f"| {size} | logits on 2 x 64 tokens | {diff:.2e} |")
+    sampling_at = len(lines)
     lines += [
         "",
         f"## Greedy sampling: {args.prompt}-token prompts, {args.new} new tokens",
@@ -768,6 +779,8 @@ def report(args, ours: dict, theirs: dict, tunix_arrays: dict, peak: float, jax_
                          f"{t['warm_s'] / warm:.2f}x | {same:.2f} | {work / warm:.0f} | "
                          f"{work / t['warm_s']:.0f} | {first:.1f} | {t['first_s']:.1f} |"
                          + (base or " | | |"))
+    if not any(args.batch_list.values()):
+        lines[sampling_at:] = ["", "## Greedy sampling: not run (`--batches=`)"]
     if args.roofline:
         lines += roofline_lines(args, ours, peak)
     length = args.prompt + args.train_completion
@@ -776,22 +789,24 @@ def report(args, ours: dict, theirs: dict, tunix_arrays: dict, peak: float, jax_
         f"## Policy-gradient train step: {length}-token rows ({args.train_completion} trained), "
         "one micro-batch, no reference, AdamW",
         "",
-        "| shape | rows | ours tok/s | Tunix tok/s | ours / Tunix | ours peak GiB | Tunix peak "
-        "GiB | memory source | first-step pg loss ours / Tunix | compile s ours / Tunix |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---|---|",
+        "| shape | rows | ours: remat | ours tok/s | Tunix tok/s | ours / Tunix | ours peak GiB | "
+        "Tunix peak GiB | memory source | first-step pg loss ours / Tunix | compile s ours / "
+        "Tunix |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---|---|---|",
     ]
     for size in args.size_list:
-        o, t = ours[f"{size}/train"], theirs[f"{size}/train"]
+        t = theirs[f"{size}/train"]
         n = args.train_batch[size] * length
-        if "error" in t:
-            lines.append(f"| {size} | {args.train_batch[size]} | {n / o['step_s']:.0f} | "
-                         f"failed: {t['error']} | | {o['mem_gib']:.2f} | | | | |")
-            continue
-        lines.append(
-            f"| {size} | {args.train_batch[size]} | {n / o['step_s']:.0f} | {n / t['step_s']:.0f} | "
-            f"{t['step_s'] / o['step_s']:.2f}x | {o['mem_gib']:.2f} | {t['mem_gib']:.2f} | "
-            f"{o['mem_source']} | {o['loss']:.4f} / {t['loss']:.4f} | "
-            f"{o['compile_s']:.1f} / {t['compile_s']:.1f} |")
+        for remat in args.remat_list:
+            o = ours[f"{size}/train/{remat}"]
+            head = f"| {size} | {args.train_batch[size]} | {remat} | {n / o['step_s']:.0f} |"
+            if "error" in t:
+                lines.append(f"{head} failed: {t['error']} | | {o['mem_gib']:.2f} | | | | |")
+                continue
+            lines.append(
+                f"{head} {n / t['step_s']:.0f} | {t['step_s'] / o['step_s']:.2f}x | "
+                f"{o['mem_gib']:.2f} | {t['mem_gib']:.2f} | {o['mem_source']} | "
+                f"{o['loss']:.4f} / {t['loss']:.4f} | {o['compile_s']:.1f} / {t['compile_s']:.1f} |")
     lines += [
         "",
         *rollout_lines(args, ours, theirs),
@@ -802,7 +817,8 @@ def report(args, ours: dict, theirs: dict, tunix_arrays: dict, peak: float, jax_
         "default options, as before that layout), timed in the same run. The train "
         "step runs Tunix's `grpo_loss_fn` (full `[B, L, V]` logits) under an `nnx.Optimizer` "
         "as its `PeftTrainer` steps it; ours `make_train_step` (log-probs from hidden states in "
-        "chunks, entropy bonus 0.001, dual clip 3). The pg losses agree at the first step "
+        "chunks, entropy bonus 0.001, dual clip 3), under each `remat` policy listed (Tunix's "
+        "model at its default, `RematConfig.NONE`). The pg losses agree at the first step "
         "(ratio 1: minus the token-mean advantage).",
         "",
     ]

@@ -7,8 +7,8 @@ axis ``L``, so the checkpoint key ``model.layers.3.self_attn.q_proj.weight`` is 
 NNX variable ``("model", "layers", "self_attn", "q_proj", "weight")`` of shape ``[L, out, in]``
 (``weights.py`` stacks and unstacks). The layers then run as one loop over that axis
 (``lax.scan`` for training, ``lax.fori_loop`` with a cache), so compile time and the
-optimizer's program do not grow with depth. The sampler decodes from ``compute_copy(model)``,
-whose layers are separate modules again (``per_layer``) with a per-layer KV cache: XLA:CPU
+optimizer's program do not grow with depth. The sampler decodes from ``compute_copy(model)``
+(``copies.py``), whose layers are separate modules again (``per_layer``) with a per-layer KV cache: XLA:CPU
 copies a layer's weights out of the stacked variable before each matmul of the loop, which
 made batch-1 decoding of the 0.5B shape 2.2x slower; as separate arrays they are read in place.
 
@@ -789,80 +789,3 @@ class Qwen2ForValue(nnx.Module):
         sequences continuing ``prefix``, when given: see ``Qwen2Model.__call__``)."""
         x, _ = self.model(tokens, positions, attention_mask, prefix=prefix)
         return self.score(x)[..., 0].astype(jnp.float32)
-
-
-def per_layer(model: nnx.Module) -> nnx.Module:
-    """``model`` with its decoder layers as separate modules (``nnx.List``), as a new module
-    sharing nothing mutable; ``model`` itself if they already are. The decoding layout: see
-    the module docstring. Its caches are tuples per layer (``init_cache``)."""
-    if not model.model.stacked:
-        return model
-    copy = nnx.merge(*nnx.split(model))
-    copy.model.layers = unstack_layers(copy.model.layers, model.config.num_hidden_layers)
-    return copy
-
-
-def _swapped(var: nnx.Variable) -> nnx.Param:
-    """``var`` with its last two axes (and their partition spec) swapped."""
-    meta = dict(var.get_metadata())
-    spec = meta.get("out_sharding")
-    if spec is not None and len(spec) >= 2:
-        meta["out_sharding"] = (*spec[:-2], spec[-1], spec[-2])
-    return nnx.Param(jnp.swapaxes(var[...], -1, -2), **meta)
-
-
-def in_decode_layout(model: nnx.Module) -> bool:
-    """Whether ``model`` is already in the ``decode_layout``."""
-    head = getattr(model, "lm_head", None)
-    return isinstance(head, Linear) and head.transposed
-
-
-def decode_layout(model: Qwen2ForCausalLM) -> Qwen2ForCausalLM:
-    """``model`` in the CPU decoding layout, as a new module sharing nothing mutable: every
-    ``Linear`` weight stored ``[in, out]`` (``transposed``), and a tied output head copied into
-    its own transposed ``lm_head`` (``embed_tokens.weight.T``; one more ``[E, V]`` array).
-
-    Why: XLA:CPU runs few-row matmuls (``[B, E] x [E, F]``, B of 8-32) well below both its
-    matmul peak and the memory bandwidth in the Hugging Face ``[out, in]`` layout; with
-    ``[in, out]`` weights and the sampler's CPU compiler options
-    (``rollout.sampler.CPU_DECODE_OPTIONS``) one such product ran 2x faster, and whole
-    sampler calls on the 0.5B shape 1.17x faster at batch 8-32 but 0.7-0.9x at batch 1
-    (``experiments/bench_peers.py``). Logits equal the original layout's up to float
-    rounding. A copy to compute with, not to save (its tied head is untied)."""
-    copy = nnx.merge(*nnx.split(model))
-    for _, module in copy.iter_modules():
-        if isinstance(module, Linear) and not module.transposed:
-            module.weight = _swapped(module.weight)
-            module.transposed = True
-    if copy.lm_head is None:
-        c = copy.config
-        head = nnx.eval_shape(lambda: Linear(c.hidden_size, c.vocab_size, bias=False,
-                                             spec=("tensor", "fsdp"), config=c,
-                                             rngs=nnx.Rngs(0)))
-        head.weight = _swapped(copy.model.embed_tokens.weight)
-        head.transposed = True
-        copy.lm_head = nnx.data(head)  # was a static None
-    return copy
-
-
-def compute_copy(model: nnx.Module, *, layout: bool | None = None) -> nnx.Module:
-    """The sampler's copy of ``model``: its floating-point variables in the compute dtype
-    (``config.dtype``) and its layers ``per_layer``, as a new module sharing nothing mutable
-    (``model`` itself when it already is both and needs no new layout). Decoding is bound by
-    reading the weights, so float32 master weights cast on every step would read twice the
-    bytes. With ``layout`` (default: when JAX's backend is the CPU) the copy is also in the
-    ``decode_layout``."""
-    dtype = model.config.dtype
-    if jnp.dtype(model.config.param_dtype) != jnp.dtype(dtype):
-        graphdef, state = nnx.split(model)
-        state = jax.tree.map(
-            lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
-        cast = nnx.merge(graphdef, state)
-        cast.config = cast.model.config = model.config.replace(param_dtype=dtype)
-        model = cast
-    model = per_layer(model)
-    if layout is None:
-        layout = jax.default_backend() == "cpu"
-    if layout and isinstance(model, Qwen2ForCausalLM) and not in_decode_layout(model):
-        model = decode_layout(model)
-    return model

@@ -37,8 +37,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from ragen_jax.models.copies import decode_layout, in_decode_layout, per_layer
 from ragen_jax.models.kv_cache import KVCache, positions_from_mask
-from ragen_jax.models.qwen import Qwen2ForCausalLM, decode_layout, in_decode_layout, per_layer
+from ragen_jax.models.qwen import Qwen2ForCausalLM
 
 _NEG_INF = float("-inf")
 

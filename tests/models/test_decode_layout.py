@@ -8,8 +8,9 @@ import pytest
 from flax import nnx
 
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig, compute_copy, positions_from_mask
+from ragen_jax.models.copies import decode_layout, in_decode_layout, per_layer
 from ragen_jax.models.lora import add_lora, merge_lora
-from ragen_jax.models.qwen import Linear, decode_layout, in_decode_layout, per_layer
+from ragen_jax.models.qwen import Linear
 from ragen_jax.rollout import Sampler, SamplingParams
 from ragen_jax.rollout.sampler import CPU_DECODE_OPTIONS, cpu_decode_options
 

@@ -11,8 +11,8 @@ import pytest
 from flax import nnx
 
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig, compute_copy
+from ragen_jax.models.copies import per_layer
 from ragen_jax.models.lora import add_lora
-from ragen_jax.models.qwen import per_layer
 
 CFG = QwenConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                  num_attention_heads=4, num_key_value_heads=2)
