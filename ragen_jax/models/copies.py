@@ -17,8 +17,8 @@ from ragen_jax.models.qwen import Linear, Qwen2ForCausalLM, unstack_layers
 
 def per_layer(model: nnx.Module) -> nnx.Module:
     """``model`` with its decoder layers as separate modules (``nnx.List``), as a new module
-    sharing nothing mutable; ``model`` itself if they already are. The decoding layout: see
-    the module docstring. Its caches are tuples per layer (``init_cache``)."""
+    sharing nothing mutable; ``model`` itself if they already are. Why: ``qwen.py``'s module
+    docstring. Its caches are tuples per layer (``init_cache``)."""
     if not model.model.stacked:
         return model
     copy = nnx.merge(*nnx.split(model))
