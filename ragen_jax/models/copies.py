@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ragen_jax.models.qwen import Linear, Qwen2ForCausalLM, unstack_layers
+from ragen_jax.models.qwen import Linear, Qwen2ForCausalLM, output_head, unstack_layers
 
 
 def per_layer(model: nnx.Module) -> nnx.Module:
@@ -59,10 +59,7 @@ def decode_layout(model: Qwen2ForCausalLM) -> Qwen2ForCausalLM:
             module.weight = _swapped(module.weight)
             module.transposed = True
     if copy.lm_head is None:
-        c = copy.config
-        head = nnx.eval_shape(lambda: Linear(c.hidden_size, c.vocab_size, bias=False,
-                                             spec=("tensor", "fsdp"), config=c,
-                                             rngs=nnx.Rngs(0)))
+        head = nnx.eval_shape(lambda: output_head(copy.config, rngs=nnx.Rngs(0)))
         head.weight = _swapped(copy.model.embed_tokens.weight)
         head.transposed = True
         copy.lm_head = nnx.data(head)  # was a static None

@@ -707,6 +707,12 @@ def mask_causal(mask: jax.Array) -> jax.Array:
     return jnp.tril(jnp.ones((t, t), bool))[None] & mask[:, None, :]
 
 
+def output_head(config: QwenConfig, *, rngs: nnx.Rngs) -> Linear:
+    """An untied model's ``lm_head``: hidden states [.., E] to logits [.., V], no bias."""
+    return Linear(config.hidden_size, config.vocab_size, bias=False, spec=("tensor", "fsdp"),
+                  config=config, rngs=rngs)
+
+
 class Qwen2ForCausalLM(nnx.Module):
     """The causal LM. ``model(tokens, positions, attention_mask, cache) -> (logits, cache)``."""
 
@@ -716,8 +722,7 @@ class Qwen2ForCausalLM(nnx.Module):
         if config.tie_word_embeddings:
             self.lm_head = None
         else:
-            self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False,
-                                  spec=("tensor", "fsdp"), config=config, rngs=rngs)
+            self.lm_head = output_head(config, rngs=rngs)
 
     def init_cache(self, batch: int, size: int, dtype=None) -> KVCache:
         """An empty cache in this model's layout (stacked or per layer)."""
