@@ -113,15 +113,21 @@ def bench_sharing(args) -> str:
     rollout = AgentRollout(env, params, tok, cfg)
     seeds = train_seeds(cfg, 0)
     settings = [("every row prefilled, power-of-two cache", dict(share_prompts=False)),
-                ("group prompt prefilled once", dict(share_prompts=True)),
+                ("group prompt prefilled once", dict(share_prompts=True, group_prefix=False)),
                 ("prompt once + cache in multiples of 128",
-                 dict(share_prompts=True, cache_multiple=128)),
+                 dict(share_prompts=True, group_prefix=False, cache_multiple=128)),
                 ("prompt once + cache in multiples of 64",
-                 dict(share_prompts=True, cache_multiple=64)),
+                 dict(share_prompts=True, group_prefix=False, cache_multiple=64)),
                 ("prompt once + cache in multiples of 32",
-                 dict(share_prompts=True, cache_multiple=32)),
+                 dict(share_prompts=True, group_prefix=False, cache_multiple=32)),
                 ("prompt once + cache in multiples of 32 + prompt chunks in multiples of 16",
-                 dict(share_prompts=True, cache_multiple=32, bucket_multiple=16))]
+                 dict(share_prompts=True, group_prefix=False, cache_multiple=32,
+                      bucket_multiple=16)),
+                ("prompt once, held as a group prefix + multiples of 32 + chunks of 16",
+                 dict(share_prompts=True, group_prefix=True, cache_multiple=32,
+                      bucket_multiple=16))]
+    if args.rows:  # the first row stays the baseline
+        settings = [settings[i] for i in dict.fromkeys([0, *args.rows])]
     rows, reference = [], None
     compiles = CompileCounter()
     for label, kw in settings:
@@ -233,6 +239,8 @@ def main() -> None:
                     help="append this table to the results file instead of replacing it")
     ap.add_argument("--sharing", action="store_true",
                     help="only: group prompt sharing and cache growth (appended to the results)")
+    ap.add_argument("--rows", type=int, nargs="+",
+                    help="with --sharing: only these settings (indices; the first is always run)")
     ap.add_argument("--windows", action="store_true",
                     help="only: the context-window modes (appended to the results)")
     args = ap.parse_args()

@@ -95,7 +95,8 @@ class Trainer:
         self.policy = dist.local_replica(compute_copy(self.actor), self.mesh, self.local_mesh)
         self.sampler = Sampler(self.policy, pad_id=self.tokenizer.pad_token_id or 0,
                                bucket_multiple=run.rollout.pad_multiple,
-                               cache_multiple=run.rollout.cache_multiple or None)
+                               cache_multiple=run.rollout.cache_multiple or None,
+                               group_prefix=run.rollout.group_prefix)
         self._init_state()
         self.monitor = CollapseMonitor(run.diagnostics, seed=run.seed,
                                        enable_think=run.rollout.enable_think)
@@ -251,6 +252,8 @@ class Trainer:
         context = repr(self.plan.rollout)
         if not self.plan.rollout.system_template:  # likewise a rollout field added later
             context = context.replace("system_template='', ", "")
+        # How the sampler holds a group's prompt changes no sample: not part of the key.
+        context = context.replace(f"group_prefix={self.plan.rollout.group_prefix}, ", "")
         key = sft.cache_key(model=dataclasses.asdict(run.model), env=dataclasses.asdict(run.env),
                             context=context, warmstart=warmstart,
                             vocab=sorted(self.tokenizer.get_vocab().items()))

@@ -34,6 +34,12 @@ class KVCache:
     valid: jax.Array  # [B, S] bool: slot holds a real token
     index: jax.Array  # [] int32: next slot to write (shared by the batch)
     lengths: jax.Array  # [B] int32: real tokens so far, i.e. the next position id
+    # A shared prefix held once per group (``with_group_prefix``): the B rows are G groups of
+    # B / G consecutive rows, and every row of group g sees prefix g's real slots before its
+    # own. Per-layer [G, K, D, P] / [G, K, P, D] (separate layers only), mask [G, P].
+    prefix_k: tuple[jax.Array, ...] | None = None
+    prefix_v: tuple[jax.Array, ...] | None = None
+    prefix_valid: jax.Array | None = None
 
     @classmethod
     def init(cls, config: QwenConfig, batch: int, size: int, dtype=None, *,
@@ -64,8 +70,33 @@ class KVCache:
     def batch(self) -> int:
         return self.valid.shape[0]
 
+    @property
+    def groups(self) -> int:
+        """How many shared prefixes the rows continue (0: none)."""
+        return 0 if self.prefix_valid is None else self.prefix_valid.shape[0]
+
+    def row_valid(self) -> jax.Array:
+        """``[B, P + S]``: the real slots each row attends to, its group prefix's first."""
+        if not self.groups:
+            return self.valid
+        shared = jnp.repeat(self.prefix_valid, self.batch // self.groups, axis=0)
+        return jnp.concatenate([shared, self.valid], axis=1)
+
+    def with_group_prefix(self, prefix: KVCache) -> KVCache:
+        """This (empty, per-layer) cache of ``B`` rows continuing ``prefix``'s ``G`` rows, each
+        shared by ``B / G`` consecutive rows: its slots are attended in place, not copied per
+        row (a group's common first prompt; decoding then reads it once per group)."""
+        g, b = prefix.batch, self.batch
+        if prefix.groups or g == 0 or b % g or isinstance(self.k, jax.Array):
+            raise ValueError(f"a group prefix needs per-layer caches and {b} rows in groups of "
+                             f"equal size over {g} prefixes (no nested prefix)")
+        return self.replace(prefix_k=prefix.k, prefix_v=prefix.v, prefix_valid=prefix.valid,
+                            lengths=jnp.repeat(prefix.lengths, b // g))
+
     def take(self, rows: jax.Array) -> KVCache:
         """The cache of batch rows ``rows [R]`` (a gather: rows may repeat)."""
+        if self.groups:
+            raise ValueError("rows of a cache with a group prefix cannot be taken apart")
         take = lambda x: jnp.take(x, rows, axis=-4)  # noqa: E731  (B is 4th from the end)
         return self.replace(k=jax.tree.map(take, self.k), v=jax.tree.map(take, self.v),
                             valid=self.valid[rows], lengths=self.lengths[rows])

@@ -346,7 +346,7 @@ class Qwen2Attention(nnx.Module):
                              spec=("fsdp", "tensor"), **kw)
 
     def __call__(self, x, positions, attn_mask, layer_cache=None, index=None, blocks=1,
-                 rows=None, prefix_kv=None):
+                 rows=None, prefix_kv=None, group_prefix=None):
         """x [B, T, E]; attn_mask [B, T, S] bool (True = may attend).
 
         Without a cache, S = T and keys are this call's tokens, and the second output is this
@@ -359,7 +359,10 @@ class Qwen2Attention(nnx.Module):
         ``(k, v, layer)`` is returned. ``blocks`` > 1 computes attention
         over that many blocks of batch rows, one after the other (see ``attend``). With
         ``rows`` [B], keys and values come from all T tokens but only token ``rows[b]`` of
-        each row queries: the output is [B, 1, E].
+        each row queries: the output is [B, 1, E]. ``group_prefix = (k [G, K, D, P], v [G, K,
+        P, D], mask [G, P])`` (with a per-layer cache, ``KVCache.with_group_prefix``): slots
+        every row of a group of B / G consecutive rows sees before its cache's
+        (``attend_group_prefix``).
         """
         c = self.config
         b, t, _ = x.shape
@@ -393,7 +396,10 @@ class Qwen2Attention(nnx.Module):
         groups = c.num_attention_heads // c.num_key_value_heads
         q = q.reshape(b, t, c.num_key_value_heads, groups, c.head_dim)
         q = q.transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
-        out = attend(q, k, v, attn_mask, blocks)  # [B, K, G, T, D]
+        if group_prefix is None:
+            out = attend(q, k, v, attn_mask, blocks)  # [B, K, G, T, D]
+        else:
+            out = attend_group_prefix(q, k, v, attn_mask, *group_prefix, blocks)
         out = out.transpose(0, 3, 1, 2, 4).reshape(b, t, c.num_attention_heads * c.head_dim)
         return self.o_proj(out), layer_cache
 
@@ -426,6 +432,51 @@ def attend(q, k, v, attn_mask, blocks: int = 1):
     scores = jnp.where(attn_mask[:, None, None, :, :], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
     return jnp.einsum("bkgts,bksd->bkgtd", probs, v.astype(q.dtype))  # [B, K, G, T, D]
+
+
+def attend_group_prefix(q, k, v, attn_mask, prefix_k, prefix_v, prefix_mask, blocks: int = 1):
+    """``attend`` over a group's shared prefix, then each row's own slots: one softmax over
+    both. q [B, K, G, T, D], k [B, K, D, S], v [B, K, S, D], attn_mask [B, T, S]; rows
+    ``g * R .. g * R + R - 1`` (R = B / N) continue prefix g of prefix_k [N, K, D, P],
+    prefix_v [N, K, P, D], prefix_mask [N, P] -> [B, K, G, T, D].
+
+    Equal (up to float rounding) to ``attend`` on each row's copy of its prefix concatenated
+    before its slots, but the prefix is read once per group and its products are matmuls of
+    R x G x T query rows, not R matrix-vector products. ``blocks`` > 1 runs ``lax.map`` over
+    blocks of prefixes (the nearest count dividing N), as ``attend`` does over rows.
+    """
+    n = prefix_k.shape[0]
+    b, kh, gq, t, d = q.shape
+    r = b // n
+    if blocks > 1 and n > 1:
+        blocks = next(c for c in range(min(blocks, n), n + 1) if n % c == 0)
+
+        def split(a, per_prefix):  # rows [B, ...] or prefixes [N, ...] -> [blocks, ..., ...]
+            a = a.reshape(n, r, *a.shape[1:]) if not per_prefix else a
+            a = a.reshape(n // blocks, blocks, *a.shape[1:]).swapaxes(0, 1)
+            return a if per_prefix else a.reshape(blocks, (n // blocks) * r, *a.shape[3:])
+
+        xs = (*(split(a, False) for a in (q, k, v, attn_mask)),
+              *(split(a, True) for a in (prefix_k, prefix_v, prefix_mask)))
+        out = jax.lax.map(lambda xs: attend_group_prefix(*xs), xs)  # [blocks, B / blocks, ...]
+        out = out.reshape(blocks, n // blocks, r, *out.shape[2:]).swapaxes(0, 1)
+        return out.reshape(q.shape)
+    scale = 1.0 / math.sqrt(d)
+    qg = q.reshape(n, r, kh, gq, t, d)
+    s_pre = jnp.einsum("nrkgtd,nkdp->nrkgtp", qg, prefix_k.astype(q.dtype),
+                       preferred_element_type=jnp.float32) * scale
+    s_pre = jnp.where(prefix_mask[:, None, None, None, None, :], s_pre, _MASK_VALUE)
+    s_pre = s_pre.reshape(b, kh, gq, t, -1)  # [B, K, G, T, P]
+    s_own = jnp.einsum("bkgtd,bkds->bkgts", q, k.astype(q.dtype),
+                       preferred_element_type=jnp.float32) * scale
+    s_own = jnp.where(attn_mask[:, None, None, :, :], s_own, _MASK_VALUE)  # [B, K, G, T, S]
+    top = jnp.maximum(s_pre.max(-1, keepdims=True), s_own.max(-1, keepdims=True))
+    e_pre, e_own = jnp.exp(s_pre - top), jnp.exp(s_own - top)
+    total = e_pre.sum(-1, keepdims=True) + e_own.sum(-1, keepdims=True)
+    p_pre = (e_pre / total).astype(q.dtype).reshape(n, r, kh, gq, t, -1)
+    out = jnp.einsum("nrkgtp,nkpd->nrkgtd", p_pre, prefix_v.astype(q.dtype)).reshape(q.shape)
+    return out + jnp.einsum("bkgts,bksd->bkgtd", (e_own / total).astype(q.dtype),
+                            v.astype(q.dtype))
 
 
 def attention_blocks(config: QwenConfig, batch: int, queries: int, slots: int,
@@ -470,9 +521,10 @@ class Qwen2DecoderLayer(nnx.Module):
         self.mlp = Qwen2MLP(config, rngs=rngs)
 
     def __call__(self, x, positions, attn_mask, layer_cache=None, index=None, blocks=1,
-                 rows=None, prefix_kv=None):
+                 rows=None, prefix_kv=None, group_prefix=None):
         h, layer_cache = self.self_attn(self.input_layernorm(x), positions, attn_mask,
-                                        layer_cache, index, blocks, rows, prefix_kv)
+                                        layer_cache, index, blocks, rows, prefix_kv,
+                                        group_prefix)
         if rows is not None:  # only these tokens go on: [B, 1, E]
             x = take_rows(x, rows)
         x = x + h
@@ -658,9 +710,12 @@ class Qwen2Model(nnx.Module):
         blocks = last_blocks = 1
         if cache is not None:
             shards = self._batch_shards()
-            blocks = attention_blocks(self.config, b, t, cache.size, shards)
+            slots = cache.size + (cache.prefix_valid.shape[1] if cache.groups else 0)
+            blocks = attention_blocks(self.config, b, t, slots, shards)
             last_blocks = blocks if rows is None else attention_blocks(
-                self.config, b, 1, cache.size, shards)
+                self.config, b, 1, slots, shards)
+            if cache.groups and self.stacked:
+                raise ValueError("a cache with a group prefix is for per-layer models (per_layer)")
 
         n = self.config.num_hidden_layers
         last = n if rows is None else n - 1  # with rows, the last layer runs on its own
@@ -681,8 +736,11 @@ class Qwen2Model(nnx.Module):
             for i, layer in enumerate(self.layers):
                 final = i == n - 1 and rows is not None
                 layer_cache = None if kv is None else (ks[i], vs[i], None)
+                shared = None if not (cache is not None and cache.groups) else (
+                    cache.prefix_k[i], cache.prefix_v[i], cache.prefix_valid)
                 x, layer_cache = layer(x, positions, attn_mask, layer_cache, index,
-                                       last_blocks if final else blocks, rows if final else None)
+                                       last_blocks if final else blocks, rows if final else None,
+                                       group_prefix=shared)
                 x = self._constrain(x)
                 if kv is not None:
                     ks[i], vs[i], _ = layer_cache
@@ -690,7 +748,7 @@ class Qwen2Model(nnx.Module):
 
         new_cache = None
         if cache is not None:
-            new_cache = KVCache(
+            new_cache = cache.replace(  # a group prefix, if any, stays as it is
                 k=kv[0],
                 v=kv[1],
                 valid=valid,

@@ -110,6 +110,7 @@ class RolloutConfig:
     val_temperature: float = 0.5  # validation sampling temperature (RAGEN: 0.5)
     pad_multiple: int = 64  # batch length is rounded up to this (bounds recompiles)
     cache_multiple: int = 0  # the sampler's KV cache grows to a multiple of this; 0 = powers of two
+    group_prefix: bool = True  # a group's common first prompt is held once in the KV cache and attended in place by its rows (exact); False: copied to every row
     context_window: str = "full"  # each turn's prompt: full (the whole episode, KV cache across turns) | limited (system + the last window_turns turns) | single_turn (history summarised in one user message) (RAGEN: context_window_mode)
     window_turns: int = 0  # limited / single_turn: turns a prompt shows, the current one included; 0 = all (RAGEN: max_context_window, -1 = all)
     overlong: str = "end"  # a prompt + full answer past max_model_len: end (the episode, truncated) | truncate (drop the oldest turns, system message kept: RAGEN's _apply_max_length)

@@ -166,10 +166,12 @@ def sample_token(logits, key, sp: SamplingParams):
 
 
 def _generate(graphdef, state, cache, tokens, mask, stop, budget, active, key, expand=None, *,
-              sp, pad_id):
+              sp, pad_id, group_prefix=False):
     """Prefill ``tokens[B, P]`` into ``cache``, then decode up to ``sp.max_new_tokens``.
     With ``expand [B']`` the prefilled rows are distinct prompts: row ``expand[i]`` of the
-    prefill becomes row ``i`` of the decode (its cache slots and next-token logits copied)."""
+    prefill becomes row ``i`` of the decode (its cache slots and next-token logits copied;
+    with ``group_prefix`` the prefill's cache becomes the decode cache's shared prefix
+    instead, ``expand`` then being B / B' consecutive rows per prompt)."""
     model = nnx.merge(graphdef, state)
     p = tokens.shape[1]
     n = sp.max_new_tokens
@@ -178,7 +180,11 @@ def _generate(graphdef, state, cache, tokens, mask, stop, budget, active, key, e
     last = (p - 1 - jnp.argmax(mask[:, ::-1], axis=1)).astype(jnp.int32)  # [B]
     pos = positions_from_mask(mask, cache.lengths)
     logits, cache = model(tokens, pos, mask, cache, logits_at=last)
-    if expand is not None:
+    if group_prefix:
+        rows = KVCache.init(model.config, expand.shape[0], n, cache.k[0].dtype,
+                            stacked=False).with_group_prefix(cache)
+        cache, logits, tokens, mask = rows, logits[expand], tokens[expand], mask[expand]
+    elif expand is not None:
         cache, logits, tokens, mask = (cache.take(expand), logits[expand], tokens[expand],
                                        mask[expand])
     b = tokens.shape[0]
@@ -245,7 +251,7 @@ def cpu_decode_options() -> dict[str, str] | None:
 def generate_jit(expanded: bool, options: tuple[tuple[str, str], ...] = ()):
     """The jitted ``_generate``: in place (the cache argument donated) or ``expanded`` (the
     output cache has more rows than the input: nothing to donate), compiled with ``options``."""
-    return jax.jit(_generate, static_argnames=("graphdef", "sp", "pad_id"),
+    return jax.jit(_generate, static_argnames=("graphdef", "sp", "pad_id", "group_prefix"),
                    donate_argnames=() if expanded else ("cache",),
                    compiler_options=dict(options) or None)
 
@@ -262,7 +268,8 @@ class Sampler:
 
     def __init__(self, model: Qwen2ForCausalLM, *, pad_id: int = 0, min_bucket: int = 16,
                  bucket_multiple: int | None = None, share_prompts: bool = True,
-                 cache_multiple: int | None = None, layout: bool | None = None):
+                 cache_multiple: int | None = None, layout: bool | None = None,
+                 group_prefix: bool = True):
         # ``layout``: decode in ``decode_layout`` with ``CPU_DECODE_OPTIONS`` (default: on
         # the CPU, where this jaxlib knows the options); decided once, here.
         options = cpu_decode_options()
@@ -275,6 +282,7 @@ class Sampler:
         self.bucket_multiple = bucket_multiple
         self.share_prompts = share_prompts
         self.cache_multiple = cache_multiple
+        self.group_prefix = group_prefix
 
     def update(self, model: Qwen2ForCausalLM) -> None:
         """Uses ``model``'s current parameters from now on."""
@@ -322,7 +330,10 @@ class Sampler:
 
         Without a ``cache`` (a first turn), identical prompts are prefilled once (a group's
         envs start from one state, hence one prompt) and their cache rows copied to every
-        row that has them (``share_prompts``, on by default).
+        row that has them (``share_prompts``, on by default). With ``group_prefix``, when the
+        rows are groups of equal size with one prompt each (a rollout's groups), the prompts'
+        slots are not copied: the cache holds them once as a shared prefix that every later
+        turn's rows attend to in place (``KVCache.with_group_prefix``).
         """
         del env_states
         tokens, valid = pad_prompts(prompts, mask, bucket=bucket, pad_id=self.pad_id,
@@ -332,11 +343,14 @@ class Sampler:
         act = np.ones((b,), bool) if active is None else np.asarray(active, bool)
         if np.any(act & ~valid.any(axis=1)):
             raise ValueError("every active sequence needs at least one real prompt token")
-        expand = None
+        expand, grouped = None, False
         if cache is None:
             if self.share_prompts:
                 tokens, valid, expand = distinct_rows(tokens, valid)
-            cache = KVCache.init(self.config, tokens.shape[0], p + n, stacked=False)
+            grouped = self.group_prefix and expand is not None and np.array_equal(
+                expand, np.repeat(np.arange(tokens.shape[0]), b // tokens.shape[0]))
+            size = p if grouped else p + n  # a group prefix: its rows' own slots hold the rest
+            cache = KVCache.init(self.config, tokens.shape[0], size, stacked=False)
         else:
             if cache.batch != b:
                 raise ValueError(f"cache batch {cache.batch} != prompt batch {b}")
@@ -352,9 +366,9 @@ class Sampler:
             np.asarray(max_new, np.int32), n)
         run = generate_jit(expand is not None, self.options)
         return run(self.graphdef, self.state, cache, jnp.asarray(tokens), jnp.asarray(valid),
-                         jnp.asarray(stop), jnp.asarray(budget), jnp.asarray(act), key,
-                         None if expand is None else jnp.asarray(expand),
-                         sp=params, pad_id=self.pad_id)
+                   jnp.asarray(stop), jnp.asarray(budget), jnp.asarray(act), key,
+                   None if expand is None else jnp.asarray(expand),
+                   sp=params, pad_id=self.pad_id, group_prefix=bool(grouped))
 
 
 def distinct_rows(tokens: np.ndarray, valid: np.ndarray

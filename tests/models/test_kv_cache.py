@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from ragen_jax.models import KVCache, Qwen2ForCausalLM, QwenConfig, positions_from_mask
-from ragen_jax.models.qwen import attention_blocks
+from ragen_jax.models.qwen import attend, attend_group_prefix, attention_blocks
 
 TOL = 1e-4
 CFG = QwenConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -137,6 +137,27 @@ def test_blocked_attention_equals_whole_batch():
     for whole, blocked, blocked2 in zip(*outs, strict=True):
         np.testing.assert_allclose(blocked2, whole, atol=1e-5, rtol=0)
         np.testing.assert_allclose(blocked, whole, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("blocks", [1, 2, 3])
+def test_group_prefix_attention_equals_attending_to_copies(blocks):
+    """``attend_group_prefix`` over 3 prefixes of 2 rows each equals ``attend`` on every row's
+    copy of its group's prefix before its own slots (masked slots in both parts; in blocks
+    of prefixes too, 3 -> 3 blocks for 2); a wrong group assignment does not."""
+    rng = np.random.RandomState(5)
+    n, r, kh, g, t, d, p, s = 3, 2, 2, 2, 3, 8, 7, 5
+    f = lambda *shape: jnp.asarray(rng.randn(*shape), jnp.float32)  # noqa: E731
+    q, k, v = f(n * r, kh, g, t, d), f(n * r, kh, d, s), f(n * r, kh, s, d)
+    pk, pv = f(n, kh, d, p), f(n, kh, p, d)
+    pmask = jnp.asarray(rng.rand(n, p) < 0.7).at[:, 0].set(True)
+    mask = jnp.asarray(rng.rand(n * r, t, s) < 0.6)
+    got = attend_group_prefix(q, k, v, mask, pk, pv, pmask, blocks)
+    copies = lambda a: jnp.repeat(a, r, axis=0)  # noqa: E731
+    want = attend(q, jnp.concatenate([copies(pk), k], -1), jnp.concatenate([copies(pv), v], -2),
+                  jnp.concatenate([jnp.broadcast_to(copies(pmask)[:, None], (n * r, t, p)), mask], -1))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
+    shifted = attend_group_prefix(q, k, v, mask, pk[::-1], pv[::-1], pmask[::-1], blocks)
+    assert not np.allclose(np.asarray(shifted), np.asarray(want), atol=1e-3)
 
 
 @jax.jit

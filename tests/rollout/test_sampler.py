@@ -41,7 +41,7 @@ def _teacher_forced_logits(model, out):
     steps = int(out.steps)
     p = out.prompt_tokens.shape[1]
     tokens, mask = out.slots()
-    np.testing.assert_array_equal(np.asarray(mask), np.asarray(out.cache.valid[:, :p + steps]))
+    np.testing.assert_array_equal(np.asarray(mask), np.asarray(out.cache.row_valid()[:, :p + steps]))
     full = np.asarray(_full_jit(*nnx.split(model), tokens, mask))
     return full[:, p - 1: p - 1 + steps]  # [B, steps, V]
 
@@ -191,6 +191,43 @@ def test_identical_prompts_are_prefilled_once_with_the_same_result(model):
     np.testing.assert_array_equal(np.asarray(a2.tokens), np.asarray(b2.tokens))
     np.testing.assert_allclose(np.asarray(a.model_logprobs), np.asarray(b.model_logprobs), atol=1e-5)
     np.testing.assert_array_equal(np.asarray(a.prompt_tokens), np.asarray(b.prompt_tokens))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_group_prefix_equals_copied_prompts_over_turns(model, temperature):
+    """``group_prefix``: groups of rows with one first prompt each hold its slots once (the
+    decode attends to them in place) and sample the same tokens and log-probs as the copied
+    cache, on the first turn and on later turns continuing it (also as the cache grows, and
+    with attention in blocks); other row layouts fall back to copies."""
+    prompts = [PROMPTS[0]] * 3 + [PROMPTS[2]] * 3 + [PROMPTS[1]] * 3
+    keys = jax.random.split(jax.random.key(4), len(prompts))
+    sp = SamplingParams(max_new_tokens=6, temperature=temperature)
+    runs = []
+    for grouped, block_bytes in ((False, None), (True, None), (True, 4 * 4 * 3 * 40)):
+        m = model if block_bytes is None else Qwen2ForCausalLM(
+            CFG.replace(attention_block_bytes=block_bytes), rngs=nnx.Rngs(1))
+        if block_bytes is not None:
+            nnx.update(m, nnx.state(model))
+        s = Sampler(m, group_prefix=grouped, cache_multiple=8)
+        turns = [s(prompts, key=keys, params=sp)]
+        for chunk in ([7, 8], [9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]):
+            turns.append(s([chunk] * len(prompts), key=keys, cache=turns[-1].cache, params=sp))
+        runs.append(turns)
+    for turns in runs[1:]:
+        assert turns[-1].cache.groups == 3
+        for a, b in zip(runs[0], turns, strict=True):
+            np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+            np.testing.assert_allclose(np.asarray(a.model_logprobs), np.asarray(b.model_logprobs),
+                                       atol=1e-5)
+        np.testing.assert_array_equal(np.asarray(runs[0][-1].cache.lengths),  # earlier ones donated
+                                      np.asarray(turns[-1].cache.lengths))
+    assert runs[0][-1].cache.groups == 0
+    # Not groups of equal size in order: the prompts' slots are copied.
+    mixed = Sampler(model, group_prefix=True)([PROMPTS[0], PROMPTS[1], PROMPTS[0]], key=keys[:3],
+                                              params=sp)
+    assert mixed.cache.groups == 0
+    with pytest.raises(ValueError, match="taken apart"):
+        runs[1][-1].cache.take(np.arange(3))
 
 
 def test_cache_grows_to_a_multiple_with_the_same_tokens(model):
