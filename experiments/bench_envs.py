@@ -326,8 +326,8 @@ def rollout_env_share(name: str, kwargs: dict, config: str, policy_kind: str) ->
     tok = load_tokenizer(run.model)
     rollout = AgentRollout(env, params, tok, cfg)
     if policy_kind == "model":
-        policy = Sampler(compute_copy(build_actor(run.model, 0)), pad_id=tok.pad_token_id,
-                         bucket_multiple=cfg.pad_multiple)
+        policy = Sampler.for_rollout(compute_copy(build_actor(run.model, 0)), cfg,
+                                     pad_id=tok.pad_token_id)
     else:
         policy = RandomActionPolicy(env, params, tok, cfg.context, seed=0)
     seeds = train_seeds(cfg, 0)

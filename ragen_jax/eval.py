@@ -63,8 +63,7 @@ def evaluate(config: ConfigDict, out: str | Path, *, checkpoint: str | None = No
                                   eos_ids=stop_ids(run.model)),
                      spec.groups, spec.val_groups)
              for spec, (tag, (env, env_params)) in zip(plan.envs, build_envs(run).items(), strict=True)]
-    sampler = Sampler(compute_copy(model), pad_id=tok.pad_token_id or 0, bucket_multiple=cfg.pad_multiple,
-                      cache_multiple=cfg.cache_multiple or None)
+    sampler = Sampler.for_rollout(compute_copy(model), cfg, pad_id=tok.pad_token_id or 0)
     key = jax.random.key(run.seed)
     t0 = time.perf_counter()
     batch = collect_val(slots, sampler, cfg, lambda i: key if i == 0 else jax.random.fold_in(key, i))

@@ -93,10 +93,8 @@ class Trainer:
         # stored in the compute dtype (the actor holds the float32 master weights).
         self.local_mesh = dist.local_mesh(self.mesh)
         self.policy = dist.local_replica(compute_copy(self.actor), self.mesh, self.local_mesh)
-        self.sampler = Sampler(self.policy, pad_id=self.tokenizer.pad_token_id or 0,
-                               bucket_multiple=run.rollout.pad_multiple,
-                               cache_multiple=run.rollout.cache_multiple or None,
-                               group_prefix=run.rollout.group_prefix)
+        self.sampler = Sampler.for_rollout(self.policy, run.rollout,
+                                           pad_id=self.tokenizer.pad_token_id or 0)
         self._init_state()
         self.monitor = CollapseMonitor(run.diagnostics, seed=run.seed,
                                        enable_think=run.rollout.enable_think)

@@ -426,12 +426,17 @@ def attend(q, k, v, attn_mask, blocks: int = 1):
         out = jax.lax.map(lambda xs: attend(*xs), (split(q), split(k), split(v),
                                                   split(attn_mask)))
         return out.swapaxes(0, 1).reshape(q.shape)
-    scores = jnp.einsum("bkgtd,bkds->bkgts", q, k.astype(q.dtype),
-                        preferred_element_type=jnp.float32)  # [B, K, G, T, S]
-    scores = scores * (1.0 / math.sqrt(q.shape[-1]))
-    scores = jnp.where(attn_mask[:, None, None, :, :], scores, _MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+    probs = jax.nn.softmax(_masked_scores(q, k, attn_mask), axis=-1).astype(q.dtype)
     return jnp.einsum("bkgts,bksd->bkgtd", probs, v.astype(q.dtype))  # [B, K, G, T, D]
+
+
+def _masked_scores(q, k, attn_mask):
+    """Scaled float32 scores of q [B, K, G, T, D] against k [B, K, D, S], masked by attn_mask
+    [B, T, S] -> [B, K, G, T, S]."""
+    scores = jnp.einsum("bkgtd,bkds->bkgts", q, k.astype(q.dtype),
+                        preferred_element_type=jnp.float32)
+    scores = scores * (1.0 / math.sqrt(q.shape[-1]))
+    return jnp.where(attn_mask[:, None, None, :, :], scores, _MASK_VALUE)
 
 
 def attend_group_prefix(q, k, v, attn_mask, prefix_k, prefix_v, prefix_mask, blocks: int = 1):
@@ -461,15 +466,12 @@ def attend_group_prefix(q, k, v, attn_mask, prefix_k, prefix_v, prefix_mask, blo
         out = jax.lax.map(lambda xs: attend_group_prefix(*xs), xs)  # [blocks, B / blocks, ...]
         out = out.reshape(blocks, n // blocks, r, *out.shape[2:]).swapaxes(0, 1)
         return out.reshape(q.shape)
-    scale = 1.0 / math.sqrt(d)
     qg = q.reshape(n, r, kh, gq, t, d)
     s_pre = jnp.einsum("nrkgtd,nkdp->nrkgtp", qg, prefix_k.astype(q.dtype),
-                       preferred_element_type=jnp.float32) * scale
+                       preferred_element_type=jnp.float32) * (1.0 / math.sqrt(d))
     s_pre = jnp.where(prefix_mask[:, None, None, None, None, :], s_pre, _MASK_VALUE)
     s_pre = s_pre.reshape(b, kh, gq, t, -1)  # [B, K, G, T, P]
-    s_own = jnp.einsum("bkgtd,bkds->bkgts", q, k.astype(q.dtype),
-                       preferred_element_type=jnp.float32) * scale
-    s_own = jnp.where(attn_mask[:, None, None, :, :], s_own, _MASK_VALUE)  # [B, K, G, T, S]
+    s_own = _masked_scores(q, k, attn_mask)  # [B, K, G, T, S]
     top = jnp.maximum(s_pre.max(-1, keepdims=True), s_own.max(-1, keepdims=True))
     e_pre, e_own = jnp.exp(s_pre - top), jnp.exp(s_own - top)
     total = e_pre.sum(-1, keepdims=True) + e_own.sum(-1, keepdims=True)
@@ -733,11 +735,11 @@ class Qwen2Model(nnx.Module):
                 x, kv = run(jnp.int32(n - 1), x, kv, last_blocks, rows)
         else:
             ks, vs = (list(kv[0]), list(kv[1])) if kv is not None else ([None] * n, [None] * n)
+            grouped = cache is not None and cache.groups
             for i, layer in enumerate(self.layers):
                 final = i == n - 1 and rows is not None
                 layer_cache = None if kv is None else (ks[i], vs[i], None)
-                shared = None if not (cache is not None and cache.groups) else (
-                    cache.prefix_k[i], cache.prefix_v[i], cache.prefix_valid)
+                shared = (cache.prefix_k[i], cache.prefix_v[i], cache.prefix_valid) if grouped else None
                 x, layer_cache = layer(x, positions, attn_mask, layer_cache, index,
                                        last_blocks if final else blocks, rows if final else None,
                                        group_prefix=shared)

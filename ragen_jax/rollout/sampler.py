@@ -284,6 +284,14 @@ class Sampler:
         self.cache_multiple = cache_multiple
         self.group_prefix = group_prefix
 
+    @classmethod
+    def for_rollout(cls, model: Qwen2ForCausalLM, rollout, *, pad_id: int = 0) -> Sampler:
+        """The sampler a ``RolloutConfig`` asks for (prompt buckets, cache growth, group
+        prefix): the trainer's and evaluation's, built in one place."""
+        return cls(model, pad_id=pad_id, bucket_multiple=rollout.pad_multiple,
+                   cache_multiple=rollout.cache_multiple or None,
+                   group_prefix=rollout.group_prefix)
+
     def update(self, model: Qwen2ForCausalLM) -> None:
         """Uses ``model``'s current parameters from now on."""
         self.graphdef, self.state = nnx.split(self._prepare(model))
