@@ -247,11 +247,16 @@ class Trainer:
         for name, is_unset in unset.items():  # fields added later: unset, the key stays as before
             if is_unset:
                 warmstart.pop(name)
-        context = repr(self.plan.rollout)
-        if not self.plan.rollout.system_template:  # likewise a rollout field added later
+        # The warm-start's episodes are played by a scripted policy and trained on as whole
+        # transcripts and single-turn rows, whatever windows RL's prompts or places its
+        # scores: those fields enter the key at their defaults, so such runs share the prior.
+        rollout = dataclasses.replace(self.plan.rollout, context_window="full", window_turns=0,
+                                      use_turn_scores=False)
+        context = repr(rollout)
+        if not rollout.system_template:  # likewise a rollout field added later
             context = context.replace("system_template='', ", "")
         # How the sampler holds a group's prompt changes no sample: not part of the key.
-        context = context.replace(f"group_prefix={self.plan.rollout.group_prefix}, ", "")
+        context = context.replace(f"group_prefix={rollout.group_prefix}, ", "")
         key = sft.cache_key(model=dataclasses.asdict(run.model), env=dataclasses.asdict(run.env),
                             context=context, warmstart=warmstart,
                             vocab=sorted(self.tokenizer.get_vocab().items()))

@@ -444,6 +444,12 @@ def test_warmstart_is_cached_by_its_inputs(tmp_path, monkeypatch):
     assert reread.warmstart_loaded_from is not None
     worded = Trainer(micro_config(tmp_path / "f", extra=("--config.rollout.system_template=Push. {actions}",)))
     assert worded._warmstart_folder(0) != first._warmstart_folder(0)  # the prompt made it too
+    # RL's context window and score placement change no warm-start data: the same prior.
+    windowed = Trainer(micro_config(tmp_path / "g", extra=(
+        "--config.rollout.context_window=limited", "--config.rollout.window_turns=1",
+        "--config.algorithm.sample_unit=turn")))
+    turn_scores = Trainer(micro_config(tmp_path / "h", extra=("--config.rollout.use_turn_scores=True",)))
+    assert windowed._warmstart_folder(0) == turn_scores._warmstart_folder(0) == first._warmstart_folder(0)
 
 
 def test_single_turn_rows_can_come_from_their_own_mixture(tmp_path, monkeypatch):

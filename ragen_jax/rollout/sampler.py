@@ -357,6 +357,12 @@ class Sampler:
                 tokens, valid, expand = distinct_rows(tokens, valid)
             grouped = self.group_prefix and expand is not None and np.array_equal(
                 expand, np.repeat(np.arange(tokens.shape[0]), b // tokens.shape[0]))
+            if expand is not None and not grouped:
+                # How many prompts are distinct varies from call to call (a window's fresh
+                # prompts, envs that moved alike): prefill a power-of-two count of them, so
+                # that each count does not compile a program of its own.
+                rows = min(b, bucket_length(tokens.shape[0], minimum=1))
+                tokens, valid = pad_rows(tokens, rows), pad_rows(valid, rows)
             size = p if grouped else p + n  # a group prefix: its rows' own slots hold the rest
             cache = KVCache.init(self.config, tokens.shape[0], size, stacked=False)
         else:
@@ -377,6 +383,12 @@ class Sampler:
                    jnp.asarray(stop), jnp.asarray(budget), jnp.asarray(act), key,
                    None if expand is None else jnp.asarray(expand),
                    sp=params, pad_id=self.pad_id, group_prefix=bool(grouped))
+
+
+def pad_rows(x: np.ndarray, rows: int) -> np.ndarray:
+    """``x [D, ...]`` with copies of its row 0 appended up to ``rows`` rows (rows that
+    ``expand`` never points to: real tokens, so nothing in them is fully masked)."""
+    return np.concatenate([x, np.repeat(x[:1], rows - x.shape[0], axis=0)]) if rows > x.shape[0] else x
 
 
 def distinct_rows(tokens: np.ndarray, valid: np.ndarray

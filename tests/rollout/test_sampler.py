@@ -193,6 +193,26 @@ def test_identical_prompts_are_prefilled_once_with_the_same_result(model):
     np.testing.assert_array_equal(np.asarray(a.prompt_tokens), np.asarray(b.prompt_tokens))
 
 
+def test_distinct_prompt_counts_share_a_compiled_bucket(model):
+    """Fresh prompts with 5, 6 and 7 distinct among 8 rows (a windowed turn's prompts) prefill
+    8 rows each: one program, not one per count; tokens equal prefilling every row."""
+    from ragen_jax.rollout.sampler import generate_jit
+
+    s, every = Sampler(model, group_prefix=False), Sampler(model, share_prompts=False)
+    run = generate_jit(True, s.options)
+    base = [[3, 4, i] for i in range(1, 9)]
+    sp = SamplingParams(max_new_tokens=3, temperature=1.0)
+    keys = jax.random.split(jax.random.key(0), 8)
+    sizes = []
+    for repeats in (3, 2, 1):
+        prompts = base[:8 - repeats] + base[:repeats]
+        out = s(prompts, key=keys, params=sp)
+        sizes.append(run._cache_size())
+        np.testing.assert_array_equal(np.asarray(out.tokens),
+                                      np.asarray(every(prompts, key=keys, params=sp).tokens))
+    assert sizes[0] == sizes[1] == sizes[2], sizes
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_group_prefix_equals_copied_prompts_over_turns(model, temperature):
     """``group_prefix``: groups of rows with one first prompt each hold its slots once (the
