@@ -204,3 +204,22 @@ def test_train_sft_with_shared_group_prompts_equals_whole_rows(tok):
     np.testing.assert_allclose(runs[0][0], runs[1][0], rtol=1e-5)
     for a, b in zip(runs[0][1], runs[1][1], strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [dict(context_window="limited", window_turns=1),
+                                    dict(context_window="single_turn"),
+                                    dict(use_turn_scores=True)])
+def test_warmstart_data_does_not_depend_on_rl_windows_or_score_placement(tok, window):
+    """The scripted episodes and their rows are the same whatever window RL's prompts use or
+    where scores sit: what lets the warm-start cache key leave those fields at their defaults."""
+    env, params = make("sokoban", dim_room=(6, 6), num_boxes=1, max_steps=100)
+    base = dict(max_turn=3, response_length=16, enable_think=False, max_actions_per_turn=2)
+    made = []
+    for cfg in (RolloutConfig(**base), RolloutConfig(**base, **window)):
+        rows: dict = {}
+        data = warmstart_data(env, params, tok, cfg, episodes=16, seed=0, solver_share=0.3,
+                              observation_rows=rows, system_rows=True)
+        made.append(data | {f"rows/{k}": v for k, v in rows.items()})
+    assert made[0].keys() == made[1].keys()
+    for key in made[0]:
+        np.testing.assert_array_equal(made[0][key], made[1][key], err_msg=key)
