@@ -6,7 +6,10 @@ trajectory-uniform pairs (``collapse_trajectory_sample/*``), the first turns' fo
 (``collapse/first_turn_{num_total,num_valid,valid_rate}``) and, with ``enable_think``, the
 share of turns with a non-blank reasoning (``collapse/valid_thinking_rate``). Every process
 scores every process's pairs. The MI z-score's EMA is the monitor's state (``ema``), kept in
-checkpoints by the trainer.
+checkpoints by the trainer. ``kinds`` picks the pair kinds: a run whose turns see a window of
+the episode scores only first-turn pairs (its first prompt is the transcript's; a later turn
+saw less than the transcript holds, so trajectory pairs would score text the policy did not
+read).
 """
 
 from __future__ import annotations
@@ -35,8 +38,10 @@ KINDS = ("first_turn_sample", "trajectory_sample")
 class CollapseMonitor:
     """See the module docstring."""
 
-    def __init__(self, config: DiagnosticsConfig, *, seed: int, enable_think: bool):
+    def __init__(self, config: DiagnosticsConfig, *, seed: int, enable_think: bool,
+                 kinds: tuple[str, ...] = KINDS):
         self.config = config
+        self.kinds = kinds  # the pair kinds scored (a subset of KINDS)
         self.seed = seed
         self.enable_think = enable_think
         self.ema: dict[str, float] = {}  # MI z-score EMA per pair kind
@@ -57,6 +62,8 @@ class CollapseMonitor:
         parts = dist.allgather_json([[x[0], x[1], x[2].tolist()] for x in (first, traj)] + [counts])
         out: dict[str, float] = {}
         for i, kind in enumerate(KINDS):
+            if kind not in self.kinds:
+                continue
             inputs, reasonings, cols = [], [], []
             for part in parts:
                 xs, zs, cs = part[i]

@@ -31,7 +31,7 @@ from ml_collections import ConfigDict
 
 from ragen_jax import distributed as dist
 from ragen_jax.checkpoint import CheckpointStore
-from ragen_jax.collapse_monitor import CollapseMonitor
+from ragen_jax.collapse_monitor import KINDS, CollapseMonitor
 from ragen_jax.config import use_run_snapshot
 from ragen_jax.early_stopping import Streaks, early_stop_reason
 from ragen_jax.envs import make
@@ -96,8 +96,11 @@ class Trainer:
         self.sampler = Sampler.for_rollout(self.policy, run.rollout,
                                            pad_id=self.tokenizer.pad_token_id or 0)
         self._init_state()
+        # RAGEN computes the collapse diagnostics in the full context window only; a windowed
+        # run's first turn saw its transcript's first prompt, so its first-turn pairs are kept.
+        kinds = KINDS if run.rollout.context_window == "full" else ("first_turn_sample",)
         self.monitor = CollapseMonitor(run.diagnostics, seed=run.seed,
-                                       enable_think=run.rollout.enable_think)
+                                       enable_think=run.rollout.enable_think, kinds=kinds)
         self.streaks = Streaks()
         self.warmstart_loaded_from: Path | None = None  # the cache folder, when it was read
         self.step = 0
@@ -115,9 +118,7 @@ class Trainer:
             batch = collect_train(self.slots, self.sampler, self.plan.rollout, self.step,
                                   self._key(0, self.step), share=dist.share)
         metrics = tag_metrics(batch.metrics, self.rollouts, "train/")
-        # RAGEN computes the collapse diagnostics in the full context window only: the
-        # transcript is then the sequence every turn saw.
-        diagnose = self.monitor.due(self.step) and self.run.rollout.context_window == "full"
+        diagnose = self.monitor.due(self.step)
         if diagnose:
             with _timed(timings, "diagnostics"):
                 metrics |= self.monitor.measure(batch, self.policy, self.step)

@@ -558,3 +558,23 @@ def test_mixed_countdown_and_sokoban_run(tmp_path):
         assert f"val-env/{tag}/success" in metrics[2]
     val = [json.loads(x) for x in (tmp_path / "trajectories" / "val_step00002.jsonl").read_text().splitlines()]
     assert [t["tag"] for t in val] == ["SimpleSokoban"] * 2 + ["Countdown"] * 2
+
+
+def test_windowed_sokoban_preset_trains_turn_rows_and_diagnoses_first_turns(tmp_path):
+    """The Sokoban preset's windowed turns (limited, k=1, one row per turn) on the micro model:
+    finite updates over turn rows, and the collapse diagnostics keep the first-turn pairs (the
+    policy read the transcript's first prompt) but not the trajectory pairs (later turns saw
+    only their window)."""
+    summary = _run(micro_config(tmp_path, steps=2, env="sokoban", extra=(
+        "--config.rollout.max_turn=2", "--config.warmstart.turn_steps=2",
+        "--config.warmstart.turn_episodes=8", "--config.warmstart.turn_batch_size=4",
+        "--config.trainer.val_before_train=False")))
+    assert summary["step"] == 2
+    metrics = read_jsonl(tmp_path / "metrics.jsonl")
+    m = metrics[1]  # diagnosed (every 2 steps, from the first)
+    for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm",
+                "collapse_first_turn_sample/mi_estimate", "collapse_first_turn_sample/mi_zscore_ema"):
+        assert np.isfinite(m[key]), key
+    assert not any(k.startswith("collapse_trajectory_sample/") for k in m)
+    assert m["train/batch_size"] > m["rollout/num_trajectories"] == 8  # a row per answered turn
+    assert "val-env/Sokoban/success" in metrics[2]
