@@ -51,26 +51,28 @@ class CollapseMonitor:
 
     def measure(self, batch: RolloutBatch, policy: Any, step: int) -> dict[str, float]:
         d, procs = self.config, jax.process_count()
-        rng = np.random.default_rng([self.seed, step, 1])
-        first = first_turn_pairs(batch.input_ids, batch.loss_mask, batch.turn_ids,
-                                 batch.group_ids, d.num_samples // procs, rng)[:3]
-        rng = np.random.default_rng([self.seed, step, 2, jax.process_index()])
-        traj = trajectory_uniform_pairs(batch.input_ids, batch.loss_mask, batch.turn_ids,
-                                        d.trajectory_samples // procs, rng)[:3]
+        pairs = {  # only the kinds scored are drawn and gathered
+            "first_turn_sample": lambda: first_turn_pairs(
+                batch.input_ids, batch.loss_mask, batch.turn_ids, batch.group_ids,
+                d.num_samples // procs, np.random.default_rng([self.seed, step, 1])),
+            "trajectory_sample": lambda: trajectory_uniform_pairs(
+                batch.input_ids, batch.loss_mask, batch.turn_ids, d.trajectory_samples // procs,
+                np.random.default_rng([self.seed, step, 2, jax.process_index()])),
+        }
+        local = [pairs[kind]()[:3] for kind in self.kinds]
         counts = [*first_turn_validity(batch.trajectories),
                   *valid_thinking_counts(batch.trajectories)]
-        parts = dist.allgather_json([[x[0], x[1], x[2].tolist()] for x in (first, traj)] + [counts])
+        parts = dist.allgather_json([[x[0], x[1], x[2].tolist()] for x in local] + [counts])
         out: dict[str, float] = {}
-        for i, kind in enumerate(KINDS):
-            if kind not in self.kinds:
-                continue
+        for i, kind in enumerate(self.kinds):
             inputs, reasonings, cols = [], [], []
             for part in parts:
                 xs, zs, cs = part[i]
                 cols += [col + len(inputs) for col in cs]
                 inputs, reasonings = inputs + xs, reasonings + zs
             out |= self._pairs(kind, policy, inputs, reasonings, np.asarray(cols, np.int32))
-        total, valid, turns, thinking = (sum(p[2][k] for p in parts) for k in range(4))
+        n = len(self.kinds)
+        total, valid, turns, thinking = (sum(p[n][k] for p in parts) for k in range(4))
         out |= {"collapse/first_turn_num_total": float(total),
                 "collapse/first_turn_num_valid": float(valid),
                 "collapse/first_turn_valid_rate": valid / total if total else 0.0}
