@@ -32,5 +32,8 @@ def get_config(preset: str = "tiny"):
         c.rollout.window_turns = 1
         c.algorithm.sample_unit = "turn"
         c.actor.ppo_mini_batch_size = c.rollout.env_groups * c.rollout.group_size * c.rollout.max_turn
+        # A turn row is ~65 tokens after the shared system line: cut rows at a multiple of 16
+        # (width 80, not 128). Exact; measured: the update 1.3 s a step against 2.2 s.
+        c.actor.pad_multiple = 16
         c.trainer.total_steps = 350  # ~20 minutes alone on 2 cores (355 steps measured)
     return c

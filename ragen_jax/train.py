@@ -126,7 +126,7 @@ class Trainer:
         # The padding of the whole batch (every process's rows) at the update's width: what
         # mixing envs of different lengths costs.
         metrics["rollout/pad_fraction"] = padding_fraction(
-            dist.allgather(batch.attention_mask.sum(1)).reshape(-1), self.run.rollout.pad_multiple)
+            dist.allgather(batch.attention_mask.sum(1)).reshape(-1), self.run.actor.pad_multiple)
 
         scores = dist.allgather(batch.scores).reshape(groups, -1)  # every process's groups
         entropies = None
@@ -154,7 +154,7 @@ class Trainer:
         rows = build_step_batch(
             batch, np.asarray(keep)[part], np.asarray(weights).reshape(groups, -1)[part].reshape(-1),
             group_offset=part.start, mini_batch_size=self.run.actor.ppo_mini_batch_size,
-            pad_multiple=self.run.rollout.pad_multiple, group_buckets=buckets, mesh=self.mesh,
+            pad_multiple=self.run.actor.pad_multiple, group_buckets=buckets, mesh=self.mesh,
             rng=np.random.default_rng([self.run.seed, self.step, jax.process_index()]),
             share_prefixes=self.run.actor.share_prefix,
             sample_unit=self.run.algorithm.sample_unit)

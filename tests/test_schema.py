@@ -61,6 +61,7 @@ def test_update_config_defaults_equal_the_schema():
     ("algorithm", "adv_estimator", "ppo", "algorithm.adv_estimator must be one of"),
     ("model", "dtype", "float16", "model.dtype must be one of"),
     ("actor", "micro_batches", 3, "actor.micro_batches=3 must divide actor.ppo_mini_batch_size=32"),
+    ("actor", "pad_multiple", 0, "actor.pad_multiple must be >= 1, got 0"),
     ("filter", "strategy", "best", "filter.strategy must be one of"),
     ("trainer", "total_steps", 0, "trainer.total_steps must be >= 1"),
     ("rollout", "temperature", "hot", "rollout.temperature: expected float, got 'hot'"),

@@ -122,3 +122,26 @@ def test_update_with_shared_prefixes_equals_the_update_without(estimator, critic
         assert float(m_b[k]) == pytest.approx(float(m_a[k]), rel=1e-4, abs=1e-5), k
     for a, b in zip(jax.tree.leaves(new_a), jax.tree.leaves(new_b), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
+def test_update_is_the_same_at_a_tighter_row_width():
+    """``actor.pad_multiple`` only trims padding: rows cut at a multiple of 8 train exactly as
+    rows padded to a multiple of 64 (and their shared prefixes likewise)."""
+    s = settings("grpo", critic=False, recompute=True)
+    _, networks, state = build(s)
+    batch = rollout_like(1)
+    kw = dict(group_offset=0, mini_batch_size=8, group_buckets=np.array([0, 1]),
+              mesh=make_mesh((1, 1, 1)), share_prefixes=True)
+    keep, weights = np.ones(2, bool), np.ones(8, np.float32)
+    tight = build_step_batch(batch, keep, weights, pad_multiple=8, rng=np.random.default_rng(0), **kw)
+    wide = build_step_batch(batch, keep, weights, pad_multiple=64, rng=np.random.default_rng(0), **kw)
+    assert tight.input_ids.shape[1] % 8 == 0 and wide.input_ids.shape[1] == 64
+    assert tight.input_ids.shape[1] < wide.input_ids.shape[1]
+    assert tight.prefixes.input_ids.shape[1] < wide.prefixes.input_ids.shape[1]
+    update = make_update(s, networks)
+    new_a, m_a = update(copy(state), wide)
+    new_b, m_b = update(copy(state), tight)
+    for k in m_a:
+        assert float(m_b[k]) == pytest.approx(float(m_a[k]), rel=1e-4, abs=1e-5), k
+    for a, b in zip(jax.tree.leaves(new_a), jax.tree.leaves(new_b), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
