@@ -17,7 +17,9 @@ then, in float32 on the CPU:
    ``nnx.Optimizer`` stepped as its ``PeftTrainer._train_step`` does (``nnx.value_and_grad``,
    then ``optimizer.update``), jitted with the model and optimizer state donated; ours
    ``starpo.update.make_train_step`` under each ``--train-remat`` policy (Tunix's model at
-   its default, no rematerialisation). Peak memory: ``jax.devices()[0].memory_stats()`` is None
+   its default, no rematerialisation). ``--train-group G``: a GRPO batch, each prompt's G
+   answers in a row (Tunix's learner trains such groups, ``num_generations``); ours is then
+   also timed with each group's prompt run once per step (``actor.share_prefix``). Peak memory: ``jax.devices()[0].memory_stats()`` is None
    on the CPU backend, so the column is XLA's compiled memory analysis of the step
    (arguments + outputs + temporaries - aliased, i.e. what the step needs live at its peak);
 3. a multi-turn Sokoban rollout (``--groups x --group-size`` episodes, ``--turns`` turns,
@@ -421,7 +423,10 @@ def write_inputs(size: str, folder: Path, args) -> dict:
     for b in args.batch_list[size]:
         inputs[f"prompts_{b}"] = rng.randint(10, v, (b, args.prompt)).astype(np.int32)
     tb = args.train_batch[size]
-    inputs["train_prompt_ids"] = rng.randint(10, v, (tb, args.prompt)).astype(np.int32)
+    if tb % args.train_group:
+        raise SystemExit(f"--train-group {args.train_group} must divide the {size} train batch {tb}")
+    prompts = rng.randint(10, v, (tb // args.train_group, args.prompt)).astype(np.int32)
+    inputs["train_prompt_ids"] = np.repeat(prompts, args.train_group, 0)  # GRPO: G answers a prompt
     inputs["train_completion_ids"] = rng.randint(10, v, (tb, args.train_completion)).astype(np.int32)
     inputs["train_advantages"] = rng.randn(tb).astype(np.float32)
     np.savez(folder.parent / f"{size}_inputs.npz", **inputs)
@@ -468,13 +473,22 @@ def release_freed_memory() -> None:
         pass
 
 
-def our_train(model, inputs: dict, args) -> dict:
+def our_train(model, inputs: dict, args, share: bool = False) -> dict:
+    """One optimizer step of ours on the bench's batch; with ``share`` each group's prompt
+    (``--train-group`` rows in a row) is a shared prefix, run once per step for the group
+    (``actor.share_prefix``, as the trainer builds it) and the rows hold the completions."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
     from ragen_jax.starpo.token_scores import token_logprobs
-    from ragen_jax.starpo.update import TrainBatch, UpdateConfig, make_optimizer, make_train_step
+    from ragen_jax.starpo.update import (
+        Prefixes,
+        TrainBatch,
+        UpdateConfig,
+        make_optimizer,
+        make_train_step,
+    )
 
     ids = np.concatenate([inputs["train_prompt_ids"], inputs["train_completion_ids"]], 1)
     b, length = ids.shape
@@ -485,8 +499,15 @@ def our_train(model, inputs: dict, args) -> dict:
     positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
     old_logp, _ = token_logprobs(model, ids, mask, positions, 1.0)  # on-policy, as Tunix's None
     advantages = jnp.broadcast_to(jnp.asarray(inputs["train_advantages"])[:, None], (b, length))
-    batch = TrainBatch(ids, mask, positions, jnp.asarray(loss_mask),
-                       jax.lax.stop_gradient(old_logp), advantages)
+    prefixes, start = None, 0
+    if share:  # slot 0 of a completion row is scored from its prompt's last token
+        start, g = args.prompt, args.train_group
+        prompts = jnp.asarray(inputs["train_prompt_ids"][::g])  # [B / G, P]
+        prefixes = Prefixes(prompts, jnp.ones(prompts.shape, bool))
+    batch = TrainBatch(ids[:, start:], mask[:, start:], positions[:, start:],
+                       jnp.asarray(loss_mask)[:, start:], jax.lax.stop_gradient(old_logp)[:, start:],
+                       advantages[:, start:],
+                       prefix_index=jnp.arange(b, dtype=jnp.int32) // args.train_group if share else None)
     ucfg = UpdateConfig(lr=args.lr, clip_low=0.2, clip_high=0.2, micro_batches=1,
                         loss_agg_mode="token-mean")
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -494,16 +515,16 @@ def our_train(model, inputs: dict, args) -> dict:
     opt_state = opt.init(params)
     step = make_train_step(graphdef, ucfg, opt)
     t0 = time.perf_counter()
-    compiled = step.lower(params, rest, opt_state, batch).compile()
+    compiled = step.lower(params, rest, opt_state, batch, prefixes).compile()
     compile_s = time.perf_counter() - t0
     gib, source = memory_reading(compiled)
     lr = jnp.float32(ucfg.lr)
-    params, opt_state, metrics = compiled(params, rest, opt_state, batch, lr)
+    params, opt_state, metrics = compiled(params, rest, opt_state, batch, lr, prefixes)
     holder = {"p": params, "o": opt_state}
     first_loss = float(metrics["actor/pg_loss"])
 
     def one():
-        holder["p"], holder["o"], m = compiled(holder["p"], rest, holder["o"], batch, lr)
+        holder["p"], holder["o"], m = compiled(holder["p"], rest, holder["o"], batch, lr, prefixes)
         jax.block_until_ready(m)
 
     return {"step_s": timed(one, args.repeats), "compile_s": compile_s, "mem_gib": gib,
@@ -602,6 +623,10 @@ def parse(argv=None):
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--train-batch", default="8,2", help="rows of the train step: tiny,0.5b")
     ap.add_argument("--train-completion", type=int, default=128)
+    ap.add_argument("--train-group", type=int, default=1,
+                    help="train-step rows come in groups of this many answers to one prompt, as "
+                         "a GRPO batch does (Tunix's learner: num_generations); above 1, ours is "
+                         "timed both with each group's prompt run once (shared) and per row")
     ap.add_argument("--train-remat", default="none,dots",
                     help="our train step under each of these QwenConfig.remat policies: 'none' "
                          "(Tunix's default, nothing rematerialised), 'dots' (the Qwen2.5 "
@@ -679,10 +704,11 @@ def main() -> None:
         del model
         release_freed_memory()
         for remat in args.remat_list:  # each step donates its weights: a fresh load each
-            key = f"{size}/train/{remat}"
-            ours[key] = our_train(from_pretrained(work / size, remat=remat), inputs, args)
-            release_freed_memory()
-            print(f"ours {size} train, remat {remat}: {ours[key]}", flush=True)
+            for share in (False, True) if args.train_group > 1 else (False,):
+                key = f"{size}/train/{remat}" + ("/shared" if share else "")
+                ours[key] = our_train(from_pretrained(work / size, remat=remat), inputs, args, share)
+                release_freed_memory()
+                print(f"ours {size} train, remat {remat}, shared {share}: {ours[key]}", flush=True)
     peak = matmul_peak()
     ours["bandwidth"] = memory_bandwidth() if args.roofline else None
     theirs, tunix_arrays = run_tunix(work, args)
@@ -787,19 +813,21 @@ def report(args, ours: dict, theirs: dict, tunix_arrays: dict, peak: float, jax_
     lines += [
         "",
         f"## Policy-gradient train step: {length}-token rows ({args.train_completion} trained), "
-        "one micro-batch, no reference, AdamW",
+        "one micro-batch, no reference, AdamW"
+        + (f"; groups of {args.train_group} rows share a prompt" if args.train_group > 1 else ""),
         "",
-        "| shape | rows | ours: remat | ours tok/s | Tunix tok/s | ours / Tunix | ours peak GiB | "
-        "Tunix peak GiB | memory source | first-step pg loss ours / Tunix | compile s ours / "
-        "Tunix |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---|---|---|",
+        "| shape | rows | ours: remat | ours: prompt | ours tok/s | Tunix tok/s | ours / Tunix | "
+        "ours peak GiB | Tunix peak GiB | memory source | first-step pg loss ours / Tunix | "
+        "compile s ours / Tunix |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---|---|---|",
     ]
     for size in args.size_list:
         t = theirs[f"{size}/train"]
-        n = args.train_batch[size] * length
-        for remat in args.remat_list:
-            o = ours[f"{size}/train/{remat}"]
-            head = f"| {size} | {args.train_batch[size]} | {remat} | {n / o['step_s']:.0f} |"
+        n = args.train_batch[size] * length  # the batch's tokens, however a side computes them
+        for key in sorted(k for k in ours if k.startswith(f"{size}/train/")):
+            o, remat = ours[key], key.split("/")[2]
+            prompt = "once per group" if key.endswith("/shared") else "per row"
+            head = f"| {size} | {args.train_batch[size]} | {remat} | {prompt} | {n / o['step_s']:.0f} |"
             if "error" in t:
                 lines.append(f"{head} failed: {t['error']} | | {o['mem_gib']:.2f} | | | | |")
                 continue
@@ -819,7 +847,10 @@ def report(args, ours: dict, theirs: dict, tunix_arrays: dict, peak: float, jax_
         "as its `PeftTrainer` steps it; ours `make_train_step` (log-probs from hidden states in "
         "chunks, entropy bonus 0.001, dual clip 3), under each `remat` policy listed (Tunix's "
         "model at its default, `RematConfig.NONE`). The pg losses agree at the first step "
-        "(ratio 1: minus the token-mean advantage).",
+        "(ratio 1: minus the token-mean advantage). With `--train-group` above 1 the rows are a "
+        "GRPO batch, groups of answers to one prompt: Tunix's loss runs every row's prompt; ours "
+        "is timed per row and with each group's prompt run once per step (the trainer's "
+        "`actor.share_prefix`, exact); tokens/s counts the batch's rows x length on both sides.",
         "",
     ]
     return "\n".join(lines)

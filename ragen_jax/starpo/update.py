@@ -333,8 +333,8 @@ def make_train_step(graphdef: Any, config: UpdateConfig,
         lr = config.lr if learning_rate is None else learning_rate
         return step(params, rest, opt_state, batch, jnp.asarray(lr, jnp.float32), prefixes)
 
-    call.lower = lambda params, rest, opt_state, batch: step.lower(  # for compile-only benches
-        params, rest, opt_state, batch, jnp.asarray(config.lr, jnp.float32))
+    call.lower = lambda params, rest, opt_state, batch, prefixes=None: step.lower(  # benches
+        params, rest, opt_state, batch, jnp.asarray(config.lr, jnp.float32), prefixes)
     return call
 
 
