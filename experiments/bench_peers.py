@@ -19,7 +19,8 @@ then, in float32 on the CPU:
    ``starpo.update.make_train_step`` under each ``--train-remat`` policy (Tunix's model at
    its default, no rematerialisation). ``--train-group G``: a GRPO batch, each prompt's G
    answers in a row (Tunix's learner trains such groups, ``num_generations``); ours is then
-   also timed with each group's prompt run once per step (``actor.share_prefix``). Peak memory: ``jax.devices()[0].memory_stats()`` is None
+   also timed with each group's prompt run once per step (``actor.share_prefix``).
+   Peak memory: ``jax.devices()[0].memory_stats()`` is None
    on the CPU backend, so the column is XLA's compiled memory analysis of the step
    (arguments + outputs + temporaries - aliased, i.e. what the step needs live at its peak);
 3. a multi-turn Sokoban rollout (``--groups x --group-size`` episodes, ``--turns`` turns,

@@ -102,6 +102,15 @@ def rollout_like(seed: int, groups: int = 2, size: int = 4, width: int = 32):
         group_ids=np.repeat(np.arange(groups), size))
 
 
+def assert_same_update(a, b):
+    """Two ``update`` results ``(state, metrics)`` agree: every metric and every array."""
+    (new_a, m_a), (new_b, m_b) = a, b
+    for k in m_a:
+        assert float(m_b[k]) == pytest.approx(float(m_a[k]), rel=1e-4, abs=1e-5), k
+    for x, y in zip(jax.tree.leaves(new_a), jax.tree.leaves(new_b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5)
+
+
 @pytest.mark.parametrize("estimator,critic", [("grpo", False), ("gae", True)])
 def test_update_with_shared_prefixes_equals_the_update_without(estimator, critic):
     s = settings(estimator, critic=critic, recompute=True)
@@ -118,10 +127,7 @@ def test_update_with_shared_prefixes_equals_the_update_without(estimator, critic
     update = make_update(s, networks)
     new_a, m_a = update(copy(state), plain, analyse_gradients=True)
     new_b, m_b = update(copy(state), shared, analyse_gradients=True)
-    for k in m_a:
-        assert float(m_b[k]) == pytest.approx(float(m_a[k]), rel=1e-4, abs=1e-5), k
-    for a, b in zip(jax.tree.leaves(new_a), jax.tree.leaves(new_b), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+    assert_same_update((new_a, m_a), (new_b, m_b))
 
 
 def test_update_is_the_same_at_a_tighter_row_width():
@@ -141,7 +147,4 @@ def test_update_is_the_same_at_a_tighter_row_width():
     update = make_update(s, networks)
     new_a, m_a = update(copy(state), wide)
     new_b, m_b = update(copy(state), tight)
-    for k in m_a:
-        assert float(m_b[k]) == pytest.approx(float(m_a[k]), rel=1e-4, abs=1e-5), k
-    for a, b in zip(jax.tree.leaves(new_a), jax.tree.leaves(new_b), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+    assert_same_update((new_a, m_a), (new_b, m_b))
