@@ -65,4 +65,16 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    try:
+        main(sys.argv)
+    except Exception:
+        # A crashed run exits now: after an accelerator error (seen on a GPU: out of memory)
+        # the interpreter's shutdown waited on the runtime for minutes. The trainer closed its
+        # logs and checkpoints while the error unwound.
+        import os
+        import traceback
+
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)

@@ -94,7 +94,7 @@ def train_step(actor, cfg: QwenConfig, args, rng) -> dict:
     lr = jnp.float32(ucfg.lr)
 
     def one():
-        holder["p"], holder["o"], m = compiled(holder["p"], rest, holder["o"], batch, lr)
+        holder["p"], holder["o"], m = compiled(holder["p"], rest, holder["o"], batch, lr, None)
         jax.block_until_ready(m)
         holder["loss"] = float(m["actor/pg_loss"])
 

@@ -97,10 +97,10 @@ def run_throughput(quick: bool) -> list[str]:
             compile_s = time.perf_counter() - start
             mem = compiled.memory_analysis()
             lr = jnp.float32(ucfg.lr)
-            params, opt_state, _ = compiled(params, rest, opt_state, data, lr)  # donated: rebind
+            params, opt_state, _ = compiled(params, rest, opt_state, data, lr, None)  # donated: rebind
             jax.block_until_ready(params)
             start = time.perf_counter()
-            params, opt_state, _ = compiled(params, rest, opt_state, data, lr)
+            params, opt_state, _ = compiled(params, rest, opt_state, data, lr, None)
             jax.block_until_ready(params)
             step_s = time.perf_counter() - start
             rows.append(f"| {name} | {batch} x {length} | {batch * length / step_s:,.0f} | {step_s:.2f} | "
@@ -206,7 +206,7 @@ for kind, layers, b, t, options in CASES:
             times = []
             for _ in range(REPEATS):
                 t0 = time.perf_counter()
-                params, opt_state, m = compiled(params, rest, opt_state, data, jnp.float32(1e-6))
+                params, opt_state, m = compiled(params, rest, opt_state, data, jnp.float32(1e-6), None)
                 jax.block_until_ready(params)
                 times.append(time.perf_counter() - t0)
             res["step_s"] = float(np.median(times))

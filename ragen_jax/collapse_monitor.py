@@ -89,7 +89,8 @@ class CollapseMonitor:
             return {}
         prefix = f"collapse_{kind}/"
         labels = prompt_labels(inputs)
-        per_token, per_seq = cross_scores(policy, inputs, reasonings, self.config.micro_batch_size)
+        per_token, per_seq = cross_scores(policy, inputs, reasonings, self.config.micro_batch_size,
+                                         self.config.micro_batch_tokens)
         out = {prefix + k: v for k, v in collapse_metrics(per_seq, column, labels).items()}
         tok = collapse_metrics(per_token, column, labels)
         for k in ("conditional_entropy_est", "reasoning_entropy_est", "mi_estimate"):

@@ -308,12 +308,13 @@ class DiagnosticsConfig:
     num_samples: int = 64  # first-turn pairs: episodes scored under every group's prompt (RAGEN: 64)
     trajectory_samples: int = 64  # trajectory-uniform pairs, each its own input; 0 = off (RAGEN: 64)
     micro_batch_size: int = 128  # rows per cross-scoring forward pass (RAGEN: 128)
+    micro_batch_tokens: int = 65536  # and at most this many cache slots (rows x (input + reasoning)) per pass: bounds memory on long contexts (veRL's log_prob_max_token_len_per_gpu role)
     ema: float = 0.9  # EMA decay of the MI z-score (one EMA per pair kind)
     gradient_analysis: bool = False  # per-component grad norms by reward-std bucket, every compute_freq steps (costly)
     gradient_buckets: int = 3  # reward-std buckets of groups for it (RAGEN: 4-6)
 
     def __post_init__(self):
-        _at_least("diagnostics", self, ("gradient_buckets", "micro_batch_size"), 1)
+        _at_least("diagnostics", self, ("gradient_buckets", "micro_batch_size", "micro_batch_tokens"), 1)
         _at_least("diagnostics", self, ("compute_freq", "num_samples", "trajectory_samples"), 0)
 
 

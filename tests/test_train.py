@@ -87,6 +87,24 @@ def test_launch_bad_value_is_one_line_naming_the_field():
     assert r.stderr.strip().splitlines() == ["launch.py: rollout.group_size must be >= 1, got 0"]
 
 
+def test_launch_exits_on_a_crash_that_a_thread_would_hold_open():
+    """An error out of training prints its traceback and ends the process (exit 1), even when
+    something still running would keep the interpreter's shutdown waiting (here a thread that
+    never ends; seen on a GPU: the runtime after an out-of-memory error)."""
+    code = ("import runpy, sys, threading\n"
+            "from ragen_jax import train\n"
+            "def crash(*args, **kwargs):\n"
+            "    threading.Thread(target=threading.Event().wait).start()\n"
+            "    raise RuntimeError('out of memory, say')\n"
+            "train.run = crash\n"
+            "sys.argv = ['launch.py', '--config', 'configs/bandit.py']\n"
+            "runpy.run_path('launch.py', run_name='__main__')\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1
+    assert "RuntimeError: out of memory, say" in r.stderr
+
+
 # -- pure pieces -------------------------------------------------------------------------------
 
 

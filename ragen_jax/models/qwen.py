@@ -90,8 +90,10 @@ class QwenConfig:
     # Not a checkpoint field: calls with a KV cache (sampling, scoring on a cached prefix)
     # compute attention over blocks of batch rows whose float32 scores take at most this many
     # bytes per device, so a block stays in the CPU's cache (prefill attention ~3x faster on
-    # 2 cores). None: 4 MiB on CPU, the whole batch on accelerators; 0: never block. Calls
-    # without a cache (training) never block: under autodiff the blocks cost 5-16% on CPU.
+    # 2 cores). None: 4 MiB on CPU, 1 GiB on accelerators (a bound on memory there: 64
+    # scored 2.5k-token contexts of the 0.5B shape would otherwise ask for 27 GiB of scores
+    # at once); 0: never block. Calls without a cache (training) never block: under autodiff
+    # the blocks cost 5-16% on CPU.
     attention_block_bytes: int | None = None
     # Not checkpoint fields either; they shape calls without a cache (training, scoring).
     # scan_layers: run the layers as a rolled `lax.scan` over their stacked weights, so compile
@@ -488,7 +490,7 @@ def attention_blocks(config: QwenConfig, batch: int, queries: int, slots: int,
     shards`` evenly (so every block keeps the batch sharding)."""
     budget = config.attention_block_bytes
     if budget is None:
-        budget = 4 << 20 if jax.default_backend() == "cpu" else 0
+        budget = 4 << 20 if jax.default_backend() == "cpu" else 1 << 30
     per_device = batch // shards if shards and batch % shards == 0 else 0
     row_bytes = 4 * config.num_attention_heads * queries * slots
     if budget <= 0 or per_device <= 1 or row_bytes * per_device <= budget:

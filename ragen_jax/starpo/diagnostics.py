@@ -47,7 +47,8 @@ from ragen_jax.starpo.token_scores import target_logprobs
 
 
 def cross_scores(model: Qwen2ForCausalLM, inputs: list[list[int]], reasonings: list[list[int]],
-                 micro_batch_size: int | None = None) -> tuple[jax.Array, jax.Array]:
+                 micro_batch_size: int | None = None, micro_batch_tokens: int | None = None
+                 ) -> tuple[jax.Array, jax.Array]:
     """Log-probability of every reasoning under every input, by teacher forcing.
 
     Returns ``(per_token_mean [n_z, n_x], sequence_sum [n_z, n_x])``: the mean and the sum over
@@ -57,8 +58,10 @@ def cross_scores(model: Qwen2ForCausalLM, inputs: list[list[int]], reasonings: l
     tokens of ``z_i`` on a copy of ``x_j``'s cache. The cost is ``n_x |x| + n_z n_x |z|``
     tokens instead of the ``n_z n_x (|x| + |z|)`` of scoring every ``[x_j | z_i]`` from
     scratch, which matters when the inputs are long multi-turn contexts and the reasonings
-    short. Pairs run in batches of ``micro_batch_size`` (RAGEN: 128; None = all at once), which
-    bounds memory (each pair holds a copy of its input's cache).
+    short. Pairs run in batches of ``micro_batch_size`` (RAGEN: 128; None = all at once) and of
+    at most ``micro_batch_tokens`` cache slots (pairs x (input + reasoning) width; None = no
+    bound), which bounds memory: each pair holds a copy of its input's cache, and 128 pairs
+    of a 2.5k-token context on the 0.5B shape would hold ~5 GiB of cache copies alone.
     """
     n_z, n_x = len(reasonings), len(inputs)
     width_x = -(-max(len(x) for x in inputs) // 64) * 64  # fewer distinct shapes to compile
@@ -74,6 +77,8 @@ def cross_scores(model: Qwen2ForCausalLM, inputs: list[list[int]], reasonings: l
 
     n = n_z * n_x
     chunk = n if not micro_batch_size else min(int(micro_batch_size), n)
+    if micro_batch_tokens:
+        chunk = max(1, min(chunk, int(micro_batch_tokens) // (width_x + width_z)))
     rows = -(-n // chunk) * chunk  # padded to whole micro-batches (one compiled shape)
     z_ids = np.zeros((rows, width_z), np.int32)
     z_real = np.zeros((rows, width_z), bool)

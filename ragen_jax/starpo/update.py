@@ -333,7 +333,8 @@ def make_train_step(graphdef: Any, config: UpdateConfig,
         lr = config.lr if learning_rate is None else learning_rate
         return step(params, rest, opt_state, batch, jnp.asarray(lr, jnp.float32), prefixes)
 
-    call.lower = lambda params, rest, opt_state, batch, prefixes=None: step.lower(  # benches
+    # For benches: the compiled step takes (params, rest, opt_state, batch, lr, prefixes or None).
+    call.lower = lambda params, rest, opt_state, batch, prefixes=None: step.lower(
         params, rest, opt_state, batch, jnp.asarray(config.lr, jnp.float32), prefixes)
     return call
 

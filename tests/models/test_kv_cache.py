@@ -119,6 +119,17 @@ def test_attention_blocks_divide_the_per_device_batch():
     assert attention_blocks(CFG.replace(attention_block_bytes=0), 64, 64, 64) == 1  # off
 
 
+def test_attention_blocks_bound_memory_on_accelerators_by_default(monkeypatch):
+    """Unset, the budget is 1 GiB of scores on a GPU or TPU: 64 contexts of 2560 tokens
+    against 2960 slots on the 0.5B shape (27 GiB of float32 scores at once) run in blocks."""
+    cfg = QwenConfig.qwen2_5_0_5b()
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    blocks = attention_blocks(cfg, 64, 2560, 2960)
+    row_bytes = 4 * cfg.num_attention_heads * 2560 * 2960
+    assert 64 % blocks == 0 and (64 // blocks) * row_bytes <= 1 << 30
+    assert attention_blocks(cfg, 128, 1, 3000) == 1  # a decode step: one block
+
+
 def test_blocked_attention_equals_whole_batch():
     """Cached calls with attention in row blocks give the logits of the whole batch at once."""
     rng = np.random.RandomState(3)

@@ -181,14 +181,42 @@ def test_valid_thinking_counts_needs_parse_and_nonblank_reasoning():
     assert valid_thinking_counts(trajs) == (4, 2)
 
 
-def test_cross_scores_micro_batches_match_one_pass():
+def _scoring_case():
+    """A small model, 3 inputs and 2 reasonings (6 pairs), and their scores in one pass."""
     cfg = QwenConfig.tiny(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, head_dim=8)
     model = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(1))
     inputs = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
     reasonings = [[10, 11], [12, 13, 14]]
-    whole = cross_scores(model, inputs, reasonings)
+    return model, inputs, reasonings, cross_scores(model, inputs, reasonings)
+
+
+def test_cross_scores_micro_batches_match_one_pass():
+    model, inputs, reasonings, whole = _scoring_case()
     for size in (1, 4, 100):  # 6 rows: uneven chunks are padded with filler rows
         parts = cross_scores(model, inputs, reasonings, micro_batch_size=size)
+        for a, b in zip(parts, whole, strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4)
+
+
+def test_cross_scores_token_bound_sets_the_micro_batch(monkeypatch):
+    """``micro_batch_tokens`` caps a pass at that many cache slots (pairs x (input width 64 +
+    reasoning width 16) here), whatever ``micro_batch_size`` allows; the scores do not change."""
+    from ragen_jax.starpo import diagnostics
+
+    model, inputs, reasonings, whole = _scoring_case()
+    scored = diagnostics._pair_scores
+    rows = []
+
+    def spy(model, cache, first_logp, x_len, column, z_ids, z_real):
+        rows.append(z_ids.shape[0])
+        return scored(model, cache, first_logp, x_len, column, z_ids, z_real)
+
+    monkeypatch.setattr(diagnostics, "_pair_scores", spy)
+    for tokens, per_pass in ((160, 2), (100, 1), (10_000, 6)):  # 6 pairs of 80 slots
+        rows.clear()
+        parts = cross_scores(model, inputs, reasonings, micro_batch_size=128,
+                             micro_batch_tokens=tokens)
+        assert rows == [per_pass] * (6 // per_pass)
         for a, b in zip(parts, whole, strict=True):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4)
