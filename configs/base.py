@@ -24,6 +24,12 @@ from ml_collections import ConfigDict
 from ragen_jax.schema import to_config_dict
 
 PRESETS = ("tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b")
+# Update passes per mini-batch of 32 rows (actor and critic), so that one device holds the
+# update of the presets' longest rows (5 turns of 400 tokens after the prompts: ~2.6k tokens).
+# XLA's memory analysis of the actor step at 32 such rows (experiments/bench_preset_memory.py):
+# 0.5B needs ~140 GiB in one pass, ~25 GiB in 8; 1.5B ~44 GiB in 16; 3B ~71 GiB a row at a
+# time; 7B's weights and AdamW state alone are ~85 GiB (shard them: --config.mesh.fsdp=N).
+MICRO_BATCHES = {"qwen2.5-0.5b": 8, "qwen2.5-1.5b": 16, "qwen2.5-3b": 32, "qwen2.5-7b": 32}
 
 
 def get_config(preset: str = "tiny") -> ConfigDict:
@@ -43,6 +49,7 @@ def apply_preset(c: ConfigDict, preset: str) -> None:
         # fits 16 x 1024 tokens of 0.5B in ~6 GiB per device of 8 (bench_scaling).
         c.model.dtype = "bfloat16"
         c.model.remat = "dots"
+        c.actor.micro_batches = c.critic.micro_batches = MICRO_BATCHES[preset]
         return
     # A laptop CPU: a random 4-layer width-128 Qwen2 learns the answer format from a short
     # warm-start, then RL. Measured on 2 cores (experiments/learning_curves.py): Adam's

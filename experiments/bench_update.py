@@ -28,6 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 SHAPES = {  # Hugging Face Qwen2.5-*-Instruct config.json values (0.5B: QwenConfig's preset)
+    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                 num_key_value_heads=2, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
     "3b": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
                num_key_value_heads=2, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
     "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
@@ -37,7 +39,7 @@ GiB = 2**30
 
 
 def model_config(name: str, **kw):
-    """The QwenConfig of a benchmark model: ``tiny``, ``0.5b``, ``3b`` or ``7b`` shapes."""
+    """The QwenConfig of a benchmark model: ``tiny``, ``0.5b``, ``1.5b``, ``3b`` or ``7b`` shapes."""
     from ragen_jax.models import QwenConfig
 
     if name == "tiny":

@@ -46,6 +46,7 @@ from ragen_jax.schema import (
     RunConfig,
     describe,
     from_config_dict,
+    micro_batch_warning,
     resolve,
     to_config_dict,
 )
@@ -76,6 +77,9 @@ class Trainer:
         self.is_main = jax.process_index() == 0
         self.out = self.plan.output_dir
         self.mesh = make_mesh((run.mesh.data, run.mesh.fsdp, run.mesh.tensor))
+        warning = micro_batch_warning(run, self.mesh.shape["data"] * self.mesh.shape["fsdp"])
+        if warning and self.is_main:
+            print(warning, flush=True)
         self.store = CheckpointStore(self.out / "checkpoints", keep=run.trainer.keep_checkpoints)
         # Resuming: the checkpoint holds every trained weight, so the folder's are not read.
         self.actor = build_actor(run.model, run.seed, self.mesh,

@@ -42,7 +42,8 @@ def folder_config(model: Path, out: Path, *, steps: int = 2, extra: tuple = ()):
         "--config.rollout.env_groups=1", "--config.rollout.group_size=2",
         "--config.rollout.val_groups=2", "--config.rollout.val_group_size=1",
         "--config.rollout.max_turn=2", "--config.rollout.response_length=6",
-        "--config.actor.ppo_mini_batch_size=2",
+        "--config.actor.ppo_mini_batch_size=2", "--config.actor.micro_batches=1",
+        "--config.critic.micro_batches=1",
         "--config.diagnostics.compute_freq=0", *extra])
 
 

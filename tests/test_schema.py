@@ -17,6 +17,7 @@ from ragen_jax.schema import (
     config_for_print,
     describe,
     from_config_dict,
+    micro_batch_warning,
     resolve,
     to_config_dict,
 )
@@ -43,6 +44,37 @@ def test_presets_build_from_the_schema():
     c = base.get_config()
     assert set(c.keys()) == {f.name for f in dataclasses.fields(RunConfig)}
     assert set(c.rollout.keys()) == {f.name for f in dataclasses.fields(RunConfig().rollout)}
+
+
+def test_qwen_presets_split_the_update_into_micro_batches(tmp_path):
+    """Each Qwen2.5 preset runs a mini-batch in the passes its memory on one device needs
+    (``configs/base.py``'s MICRO_BATCHES), actor and critic alike, and the counts divide the
+    mini-batch (else a one-line error at start)."""
+    from configs import base, sokoban
+
+    for preset, count in base.MICRO_BATCHES.items():
+        c = sokoban.get_config(preset)
+        c.model.path = str(tmp_path)
+        run = from_config_dict(c)
+        assert run.actor.micro_batches == run.critic.micro_batches == count > 1, preset
+        step = resolve(run).step
+        assert step.actor.micro_batches == count
+        assert step.mini_batch_size // count == {8: 4, 16: 2, 32: 1}[count]
+
+
+def test_micro_batches_that_leave_devices_without_a_row_are_named(tmp_path):
+    from configs import sokoban
+
+    c = sokoban.get_config("qwen2.5-1.5b")  # 16 passes of 2 rows: meant for one device
+    c.model.path = str(tmp_path)
+    run = from_config_dict(c)
+    assert micro_batch_warning(run, 1) is None and micro_batch_warning(run, 2) is None
+    assert micro_batch_warning(run, 8).startswith(
+        "warning: actor.micro_batches=16 leaves 2 rows a pass for 8 data-parallel devices")
+    assert "4 would do" in micro_batch_warning(run, 8)
+    c.actor.micro_batches, c.algorithm.adv_estimator = 4, "gae"  # the critic's own count
+    assert micro_batch_warning(from_config_dict(c), 8).startswith(
+        "warning: critic.micro_batches=16 leaves 2 rows")
 
 
 def test_update_config_defaults_equal_the_schema():
