@@ -28,7 +28,8 @@ PRESETS = ("tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b")
 # update of the presets' longest rows (5 turns of 400 tokens after the prompts: ~2.6k tokens).
 # XLA's memory analysis of the actor step at 32 such rows (experiments/bench_preset_memory.py):
 # 0.5B needs ~140 GiB in one pass, ~25 GiB in 8; 1.5B ~44 GiB in 16; 3B ~71 GiB a row at a
-# time; 7B's weights and AdamW state alone are ~85 GiB (shard them: --config.mesh.fsdp=N).
+# time (with the sampler's bf16 copy and cache beside it, more than one 80 GB device: shard
+# it); 7B's weights and AdamW state alone are ~85 GiB (shard them: --config.mesh.fsdp=N).
 MICRO_BATCHES = {"qwen2.5-0.5b": 8, "qwen2.5-1.5b": 16, "qwen2.5-3b": 32, "qwen2.5-7b": 32}
 
 
