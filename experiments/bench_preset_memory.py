@@ -78,7 +78,7 @@ def main() -> None:
              "| shape | micro-batches | rows a pass | arguments GiB | temporaries GiB | total GiB | preset's count |",
              "|---|---:|---:|---:|---:|---:|---|"]
     for shape, counts in CASES.items():
-        preset = base.get_config(f"qwen2.5-{shape}").actor.micro_batches
+        preset = base.MICRO_BATCHES[f"qwen2.5-{shape}"]
         for n in counts:
             m = step_memory(shape, args.rows, args.length, n, args.remat)
             row = (f"| {shape} | {n} | {args.rows // n} | {m['arguments']:.1f} | {m['temporaries']:.1f} "

@@ -676,17 +676,16 @@ def resolve(run: RunConfig) -> Resolved:
                     reward_norm=(grouping, method), envs=envs)
 
 
-def micro_batch_warning(run: RunConfig, devices: int) -> str | None:
+def micro_batch_warning(step: StepSettings, devices: int) -> str | None:
     """A pass of the update spreads its rows (a mini-batch / ``micro_batches``) over the
     ``devices`` of the data-parallel axes (``mesh.data x mesh.fsdp``); with fewer rows than
     devices, some devices compute padding. The line to print then (naming the field), else
-    None. Not an error: the update is still exact."""
-    roles = ("actor", "critic") if resolve(run).step.critic is not None else ("actor",)
-    for role in roles:
-        n = getattr(run, role).micro_batches
-        rows = run.actor.ppo_mini_batch_size // n
+    None. Not an error: the update is still exact. ``step``: the run's ``resolve(run).step``."""
+    for role, update in (("actor", step.actor), ("critic", step.critic)):
+        n = update.micro_batches if update is not None else 1
+        rows = step.mini_batch_size // n
         if n > 1 and rows < devices:
-            most = max(1, run.actor.ppo_mini_batch_size // devices)
+            most = max(1, step.mini_batch_size // devices)
             return (f"warning: {role}.micro_batches={n} leaves {rows} rows a pass for {devices} "
                     f"data-parallel devices (mesh.data x mesh.fsdp), so some compute padding: "
                     f"{most} would do (the Qwen2.5 presets' counts are for one device)")

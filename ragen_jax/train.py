@@ -77,7 +77,7 @@ class Trainer:
         self.is_main = jax.process_index() == 0
         self.out = self.plan.output_dir
         self.mesh = make_mesh((run.mesh.data, run.mesh.fsdp, run.mesh.tensor))
-        warning = micro_batch_warning(run, self.mesh.shape["data"] * self.mesh.shape["fsdp"])
+        warning = micro_batch_warning(self.plan.step, self.mesh.shape["data"] * self.mesh.shape["fsdp"])
         if warning and self.is_main:
             print(warning, flush=True)
         self.store = CheckpointStore(self.out / "checkpoints", keep=run.trainer.keep_checkpoints)

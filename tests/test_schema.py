@@ -67,13 +67,13 @@ def test_micro_batches_that_leave_devices_without_a_row_are_named(tmp_path):
 
     c = sokoban.get_config("qwen2.5-1.5b")  # 16 passes of 2 rows: meant for one device
     c.model.path = str(tmp_path)
-    run = from_config_dict(c)
-    assert micro_batch_warning(run, 1) is None and micro_batch_warning(run, 2) is None
-    assert micro_batch_warning(run, 8).startswith(
+    step = resolve(from_config_dict(c)).step
+    assert micro_batch_warning(step, 1) is None and micro_batch_warning(step, 2) is None
+    assert micro_batch_warning(step, 8).startswith(
         "warning: actor.micro_batches=16 leaves 2 rows a pass for 8 data-parallel devices")
-    assert "4 would do" in micro_batch_warning(run, 8)
+    assert "4 would do" in micro_batch_warning(step, 8)
     c.actor.micro_batches, c.algorithm.adv_estimator = 4, "gae"  # the critic's own count
-    assert micro_batch_warning(from_config_dict(c), 8).startswith(
+    assert micro_batch_warning(resolve(from_config_dict(c)).step, 8).startswith(
         "warning: critic.micro_batches=16 leaves 2 rows")
 
 
