@@ -2,7 +2,7 @@
 console progress bar.
 
 Names follow RAGEN (``train/<tag>/success``, ``val-env/<tag>/success``, ``actor/*``,
-``critic/*``, ``rollout/*``, ``timing_s/*``).
+``critic/*``, ``rollout/*``, ``timing_s/*``; on accelerators ``perf/*`` memory, as veRL).
 
 Sinks (``trainer.logger``, a list of names, as in RAGEN's ``trainer.logger=['console','wandb']``):
 
@@ -249,6 +249,24 @@ class MetricsLogger:
                 errors.append(e)
         if errors:
             raise errors[0]
+
+
+def device_memory(devices: Sequence[Any] | None = None) -> dict[str, float]:
+    """Accelerator memory as veRL logs it (``perf/max_memory_allocated_gib``: the largest peak
+    over this process's devices since start; ``perf/memory_in_use_gib`` now;
+    ``perf/memory_limit_gib``). Empty where the backend keeps no statistics (XLA:CPU)."""
+    if devices is None:
+        import jax
+        devices = jax.local_devices()
+    stats = [s for s in (d.memory_stats() for d in devices) if s]
+    if not stats:
+        return {}
+    gib = 1024.0 ** 3
+    out = {"perf/max_memory_allocated_gib": max(s.get("peak_bytes_in_use", 0) for s in stats) / gib,
+           "perf/memory_in_use_gib": max(s.get("bytes_in_use", 0) for s in stats) / gib}
+    if all("bytes_limit" in s for s in stats):
+        out["perf/memory_limit_gib"] = min(s["bytes_limit"] for s in stats) / gib
+    return out
 
 
 def read_jsonl(path: str | os.PathLike) -> dict[int, dict[str, float]]:

@@ -35,7 +35,7 @@ from ragen_jax.collapse_monitor import KINDS, CollapseMonitor
 from ragen_jax.config import use_run_snapshot
 from ragen_jax.early_stopping import Streaks, early_stop_reason
 from ragen_jax.envs import make
-from ragen_jax.metrics import MetricsLogger, make_sinks
+from ragen_jax.metrics import MetricsLogger, device_memory, make_sinks
 from ragen_jax.models import compute_copy, hf_folder
 from ragen_jax.rollout.agent import AgentRollout, RolloutBatch
 from ragen_jax.rollout.batch import padding_fraction
@@ -387,6 +387,7 @@ class Trainer:
         if stop:
             metrics[f"early_stopped/{stop}"] = 1.0
             self.log(f"early stop at step {self.step}: {stop}")
+        metrics |= device_memory()
         metrics["timing_s/step"] = time.perf_counter() - started
         metrics["timing_s/elapsed"] = time.perf_counter() - self.created
         self.logger.log(self.step, metrics)

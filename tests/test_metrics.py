@@ -22,6 +22,7 @@ from ragen_jax.metrics import (
     MetricsSink,
     TensorBoardSink,
     WandbSink,
+    device_memory,
     make_sinks,
     read_jsonl,
 )
@@ -256,3 +257,24 @@ def test_wandb_offline_logs_history_and_a_resumed_run_reuses_the_id(wandb_offlin
     assert [(h["_step"], h["train/Bandit/success"]) for h in resumed] == [(3, 0.0)]
     assert (out / "wandb_run_id").read_text().strip() == run_id
     assert read_jsonl(out / "metrics.jsonl")[2]["train/Bandit/success"] == 1.0
+
+
+class _Device:
+    def __init__(self, stats):
+        self.stats = stats
+
+    def memory_stats(self):
+        return self.stats
+
+
+def test_device_memory_reports_the_largest_peak_and_the_smallest_limit():
+    gib = 1024 ** 3
+    devices = [_Device({"peak_bytes_in_use": 3 * gib, "bytes_in_use": gib, "bytes_limit": 80 * gib}),
+               _Device({"peak_bytes_in_use": 5 * gib, "bytes_in_use": 2 * gib, "bytes_limit": 79 * gib})]
+    assert device_memory(devices) == {"perf/max_memory_allocated_gib": 5.0,
+                                      "perf/memory_in_use_gib": 2.0, "perf/memory_limit_gib": 79.0}
+
+
+def test_device_memory_is_empty_where_the_backend_keeps_no_statistics():
+    assert device_memory([_Device(None)]) == {}
+    assert device_memory() == {}  # XLA:CPU, the test machines
