@@ -1,6 +1,7 @@
 """Our sampler and train step on an accelerator (GPU or TPU), in the precision a user runs there.
 
-Random Qwen2.5-shaped models with the real 151,936-token vocabulary (``--sizes``: 0.5b, 1.5b),
+Random Qwen2.5-shaped models with the real 151,936-token vocabulary (``--sizes``: 0.5b, 1.5b,
+3b, 7b),
 bfloat16 compute on float32 master weights as the trainer keeps them, the sampler on the bf16
 ``compute_copy``:
 
@@ -13,8 +14,10 @@ bfloat16 compute on float32 master weights as the trainer keeps them, the sample
 3. one policy-gradient train step (``starpo.update.make_train_step``: AdamW,
    ``--micro-batches``, ``--remat`` as the Qwen2.5 presets set it, ``--train-rows`` rows of
    ``--train-length`` tokens, the second half trained): tokens/s and model FLOP utilisation
-   (``6 x parameters x tokens`` plus causal attention, over the measured peak); a step that
-   fails (out of memory) is a row saying so.
+   (``6 x parameters x tokens`` plus causal attention, over the measured peak) and the
+   process's peak device memory so far (where the backend reports it; the sampling before it
+   counts too: ``--batches ''`` skips sampling); a step that fails (out of memory) is a row
+   saying so.
 
 Runs anywhere JAX runs (on the CPU it is slow: use ``--sizes 0.5b --batches 1 --new 8``).
 
@@ -36,8 +39,9 @@ from flax import nnx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_peers import matmul_peak, memory_bandwidth, timed  # noqa: E402
 from bench_sampler import work_gflop  # noqa: E402
-from bench_scaling import SHAPES_1_5B  # noqa: E402
+from bench_update import model_config  # noqa: E402
 
+from ragen_jax.metrics import device_memory  # noqa: E402
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig, compute_copy  # noqa: E402
 from ragen_jax.rollout import Sampler, SamplingParams  # noqa: E402
 from ragen_jax.starpo.token_scores import token_logprobs  # noqa: E402
@@ -48,12 +52,11 @@ SMOKE = dict(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidde
 
 
 def config(size: str, remat: str) -> QwenConfig:
-    """Qwen2.5's shapes (real vocabulary) for ``size`` in 0.5b, 1.5b, smoke; bf16 compute."""
+    """Qwen2.5's shapes (real vocabulary) for ``size`` in 0.5b, 1.5b, 3b, 7b, smoke; bf16 compute."""
     kw = dict(dtype=jnp.bfloat16, remat=remat)
-    if size == "0.5b":
-        return QwenConfig.qwen2_5_0_5b(**kw)
-    shape = {"1.5b": SHAPES_1_5B, "smoke": SMOKE}[size]
-    return QwenConfig(rope_theta=1e6, rms_norm_eps=1e-6, **shape, **kw)
+    if size == "smoke":
+        return QwenConfig(rope_theta=1e6, rms_norm_eps=1e-6, **SMOKE, **kw)
+    return model_config(size, **kw)
 
 
 def sampling(policy, cfg: QwenConfig, batch: int, args, rng) -> dict:
@@ -103,6 +106,11 @@ def train_step(actor, cfg: QwenConfig, args, rng) -> dict:
             "loss_finite": bool(np.isfinite(holder["loss"]))}
 
 
+def peak_gib() -> str:
+    m = device_memory()
+    return f"{m['perf/max_memory_allocated_gib']:.1f}" if m else "n/a"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="0.5b,1.5b")
@@ -141,7 +149,7 @@ def main() -> None:
         policy = compute_copy(actor)
         n_params = sum(x.size for x in jax.tree.leaves(nnx.state(actor, nnx.Param)))
         weight_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(policy)))
-        for b in [int(x) for x in args.batches.split(",")]:
+        for b in [int(x) for x in args.batches.split(",") if x]:
             r = sampling(policy, cfg, b, args, rng)
             kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
             bound_ms = 1e3 * (weight_bytes + kv * b * (args.prompt + args.new)) / (bw * 1e9)
@@ -155,19 +163,20 @@ def main() -> None:
         try:
             t = train_step(actor, cfg, args, rng)
         except Exception as e:  # out of memory, say: a row that says so, not a crash
-            train_lines.append(f"{rows} failed: {type(e).__name__}: {str(e)[:160]} | | | | |")
+            train_lines.append(f"{rows} failed: {type(e).__name__}: {str(e)[:160]} | | | | | |")
         else:
             tokens = args.train_rows * args.train_length
             attn = 6 * cfg.num_hidden_layers * cfg.hidden_size * args.train_length * tokens
             flop = 6 * n_params * tokens + attn
             train_lines.append(f"{rows} {t['step_s']:.3f} | {tokens / t['step_s']:.0f} | "
                                f"{100 * flop / t['step_s'] / (peak * 1e12):.0f}% | "
-                               f"{t['compile_s']:.0f} | {t['loss_finite']} |")
+                               f"{t['compile_s']:.0f} | {t['loss_finite']} | {peak_gib()} |")
         print(train_lines[-1], flush=True)
         del actor
     lines += ["", f"## Policy-gradient train step (AdamW, {args.micro_batches} micro-batch(es), "
               f"remat {args.remat!r}, half of each row trained)", "", "| shape | parameters | rows x tokens | step s | tokens/s | MFU "
-              "(6N + attention) | compile s | loss finite |", "|---|---:|---|---:|---:|---:|---:|---|",
+              "(6N + attention) | compile s | loss finite | peak GiB (process) |",
+              "|---|---:|---|---:|---:|---:|---:|---|---:|",
               *train_lines, ""]
     text = "\n".join(lines)
     print(text)
