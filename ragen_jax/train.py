@@ -37,7 +37,7 @@ from ragen_jax.early_stopping import Streaks, early_stop_reason
 from ragen_jax.envs import make
 from ragen_jax.metrics import MetricsLogger, device_memory, make_sinks
 from ragen_jax.models import compute_copy, hf_folder
-from ragen_jax.rollout.agent import AgentRollout, RolloutBatch
+from ragen_jax.rollout.agent import AgentRollout, RolloutBatch, RolloutConfig
 from ragen_jax.rollout.batch import padding_fraction
 from ragen_jax.rollout.mix import EnvSlot, collect_train, collect_val, tag_metrics
 from ragen_jax.rollout.sampler import Sampler
@@ -63,6 +63,14 @@ from ragen_jax.viewer import render_html
 ROLLOUT_COUNTS = tuple(f"rollout/{k}" for k in (
     "num_trajectories", "num_groups", "tokens", "sampled_tokens", "length_truncated",
     "truncated", "unplaced_scores", "env_errors", "prompt_tokens", "prefill_tokens"))
+
+# Rollout fields that change no warm-start data (its scripted episodes play levels of their own,
+# in groups of their own size, and RL's windows, batches and validation are not theirs): the
+# warm-start's cache key takes them at RolloutConfig's defaults, so runs that differ only in
+# them share the prior. tests/test_sft.py checks the data is the same.
+_PRIOR_FREE_ROLLOUT = {name: getattr(RolloutConfig(), name) for name in (
+    "context_window", "window_turns", "use_turn_scores", "env_groups", "group_size",
+    "val_groups", "val_group_size", "val_temperature")}
 
 
 class Trainer:
@@ -252,11 +260,7 @@ class Trainer:
         for name, is_unset in unset.items():  # fields added later: unset, the key stays as before
             if is_unset:
                 warmstart.pop(name)
-        # The warm-start's episodes are played by a scripted policy and trained on as whole
-        # transcripts and single-turn rows, whatever windows RL's prompts or places its
-        # scores: those fields enter the key at their defaults, so such runs share the prior.
-        rollout = dataclasses.replace(self.plan.rollout, context_window="full", window_turns=0,
-                                      use_turn_scores=False)
+        rollout = dataclasses.replace(self.plan.rollout, **_PRIOR_FREE_ROLLOUT)
         context = repr(rollout)
         if not rollout.system_template:  # likewise a rollout field added later
             context = context.replace("system_template='', ", "")

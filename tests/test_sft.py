@@ -208,10 +208,13 @@ def test_train_sft_with_shared_group_prompts_equals_whole_rows(tok):
 
 @pytest.mark.parametrize("window", [dict(context_window="limited", window_turns=1),
                                     dict(context_window="single_turn"),
-                                    dict(use_turn_scores=True)])
-def test_warmstart_data_does_not_depend_on_rl_windows_or_score_placement(tok, window):
-    """The scripted episodes and their rows are the same whatever window RL's prompts use or
-    where scores sit: what lets the warm-start cache key leave those fields at their defaults."""
+                                    dict(use_turn_scores=True),
+                                    dict(env_groups=3, group_size=5),
+                                    dict(val_groups=7, val_group_size=2, val_temperature=0.9)])
+def test_warmstart_data_does_not_depend_on_rl_windows_batches_or_validation(tok, window):
+    """The scripted episodes and their rows are the same whatever window RL's prompts use,
+    where scores sit, how RL's batches are grouped and how it validates: what lets the
+    warm-start cache key leave those fields at their defaults."""
     env, params = make("sokoban", dim_room=(6, 6), num_boxes=1, max_steps=100)
     base = dict(max_turn=3, response_length=16, enable_think=False, max_actions_per_turn=2)
     made = []

@@ -467,7 +467,14 @@ def test_warmstart_is_cached_by_its_inputs(tmp_path, monkeypatch):
         "--config.rollout.context_window=limited", "--config.rollout.window_turns=1",
         "--config.algorithm.sample_unit=turn")))
     turn_scores = Trainer(micro_config(tmp_path / "h", extra=("--config.rollout.use_turn_scores=True",)))
-    assert windowed._warmstart_folder(0) == turn_scores._warmstart_folder(0) == first._warmstart_folder(0)
+    # Nor do RL's batch shape and validation settings.
+    batches = Trainer(micro_config(tmp_path / "i", extra=(
+        "--config.rollout.group_size=8", "--config.rollout.env_groups=3",
+        "--config.rollout.val_groups=6", "--config.rollout.val_temperature=0.9")))
+    assert (windowed._warmstart_folder(0) == turn_scores._warmstart_folder(0)
+            == batches._warmstart_folder(0) == first._warmstart_folder(0))
+    longer = Trainer(micro_config(tmp_path / "j", extra=("--config.rollout.max_turn=3",)))
+    assert longer._warmstart_folder(0) != first._warmstart_folder(0)  # the episodes' length does
 
 
 def test_single_turn_rows_can_come_from_their_own_mixture(tmp_path, monkeypatch):
