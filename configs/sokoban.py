@@ -23,21 +23,25 @@ def get_config(preset: str = "tiny"):
         # The board is the whole state (Sokoban is fully observable): each turn shows the
         # system line and the current board only (RAGEN's limited_multi_turn, k=1), the
         # prompts the rows above trained on, and trains one row per turn, all of a batch's
-        # turns (64 episodes x at most 5) in one optimizer step. Measured on 2 cores, 3 seeds
-        # (experiments/results/learning_curves.md): +12.8 points in 18 minutes against +7.6 for
-        # whole transcripts in 20. Whole transcripts:
+        # turns (128 episodes x at most 5) in one optimizer step. Whole transcripts:
         # --config.rollout.context_window=full --config.rollout.window_turns=0
-        # --config.algorithm.sample_unit=trajectory --config.actor.ppo_mini_batch_size=64
+        # --config.algorithm.sample_unit=trajectory --config.actor.ppo_mini_batch_size=128
         c.rollout.context_window = "limited"
         c.rollout.window_turns = 1
         c.algorithm.sample_unit = "turn"
+        # RAGEN's batch: 8 levels x 16 episodes a step (the tiny presets' 8 x 8 otherwise).
+        # Measured on 2 cores, 3 seeds, 20 minutes each (experiments/results/learning_curves.md):
+        # +14.7 points [+12.5, +16.8] against +12.8 [+4.7, +18.4] with 8 x 8, whose seed 0
+        # drifted to one move a turn and stalled (a rerun of seed 0 here with 8 update passes
+        # instead of 4, not bit-equal, stalled as well: that seed's path is fragile either way).
+        c.rollout.group_size = 16
         c.actor.ppo_mini_batch_size = c.rollout.env_groups * c.rollout.group_size * c.rollout.max_turn
         # A turn row is ~65 tokens after the shared system line: cut rows at a multiple of 16
         # (width 80, not 128). Exact; measured: the update 1.3 s a step against 2.2 s.
         c.actor.pad_multiple = 16
         # A constant lr 3e-4 collapsed runs past ~350 steps (3 seeds of 1000: entropy 0.22 ->
         # 0.07 after one large gradient, validation back to the start); decayed to 0 at the
-        # end, no seed collapsed. 430 steps take 17-19 minutes alone on 2 cores.
+        # end, no seed collapsed. 200 steps take about 20 minutes alone on 2 cores.
         c.actor.lr_schedule = "cosine"
-        c.trainer.total_steps = 430
+        c.trainer.total_steps = 200
     return c
