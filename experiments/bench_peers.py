@@ -434,14 +434,16 @@ def write_inputs(size: str, folder: Path, args) -> dict:
     return inputs
 
 
-def our_sampling(model, prompts: np.ndarray, new: int, repeats: int, layout: bool | None = None):
+def our_sampling(model, prompts: np.ndarray, new: int, repeats: int, layout: bool | None = None,
+                 options: dict | None = None):
     """(warm s, first-call s, tokens) of greedy sampling; ``layout=False``: the Hugging Face
-    weight layout and XLA's default options (the sampler before its CPU decoding layout)."""
+    weight layout (the sampler before its CPU decoding layout); ``options``: XLA compiler
+    options for the sampler's program."""
     import jax
 
     from ragen_jax.rollout import Sampler, SamplingParams
 
-    sampler = Sampler(model, layout=layout)
+    sampler = Sampler(model, layout=layout, compiler_options=options)
     sp = SamplingParams(max_new_tokens=new, temperature=0.0)
     out = {}
 
@@ -591,6 +593,19 @@ def decode_bytes(cfg, params_bytes: int, batch: int, slots: int) -> int:
     return params_bytes + kv * batch * slots
 
 
+def baseline_sampler(args) -> dict:
+    """``our_sampling``'s arguments for the baseline column: the Hugging Face layout, or with
+    ``--baseline-options`` the decode layout under those XLA options."""
+    if args.baseline_options is None:
+        return {"layout": False}
+    pairs = (kv.split("=", 1) for kv in args.baseline_options.split(",") if kv)
+    return {"options": {k: v for k, v in pairs}}
+
+
+def baseline_label(args) -> str:
+    return "HF layout" if args.baseline_options is None else f"with {args.baseline_options}"
+
+
 def run_tunix(work: Path, args) -> tuple[dict, dict]:
     spec = {"sizes": args.size_list, "batches": args.batch_list, "new": args.new,
             "repeats": args.repeats, "lr": args.lr, "rollout": None}
@@ -638,6 +653,9 @@ def parse(argv=None):
                     help="skip the 1-token prefill calls and the bandwidth reading (ours)")
     ap.add_argument("--no-baseline-layout", dest="baseline_layout", action="store_false",
                     help="skip our sampler in the Hugging Face weight layout (the baseline)")
+    ap.add_argument("--baseline-options", default=None, metavar="K=V[,K=V]",
+                    help="the baseline is our decode layout compiled with these XLA options "
+                         "(e.g. xla_cpu_experimental_ynn_fusion_type=) instead of the HF layout")
     ap.add_argument("--no-rollout", dest="rollout", action="store_false",
                     help="skip the multi-turn Sokoban rollout (part 3)")
     ap.add_argument("--groups", type=int, default=4, help="rollout: env groups")
@@ -692,9 +710,10 @@ def main() -> None:
             print(f"ours {size} B={b}: {ours[f'{size}/sample/{b}'][0]:.2f} s warm", flush=True)
             if args.baseline_layout:
                 ours[f"{size}/sample_hf/{b}"] = our_sampling(
-                    model, inputs[f"prompts_{b}"], args.new, args.repeats, layout=False)
-                print(f"ours {size} B={b} HF layout: {ours[f'{size}/sample_hf/{b}'][0]:.2f} s",
-                      flush=True)
+                    model, inputs[f"prompts_{b}"], args.new, args.repeats,
+                    **baseline_sampler(args))
+                print(f"ours {size} B={b} {baseline_label(args)}: "
+                      f"{ours[f'{size}/sample_hf/{b}'][0]:.2f} s", flush=True)
             if args.roofline:  # a 1-token call: the prompt's prefill and the first token
                 ours[f"{size}/prefill/{b}"] = our_sampling(model, inputs[f"prompts_{b}"], 1,
                                                            args.repeats)[0]
@@ -786,7 +805,7 @@ def report(args, ours: dict, theirs: dict, tunix_arrays: dict, peak: float, jax_
         "",
         "| shape | batch | ours tok/s | Tunix tok/s | ours / Tunix | identical rows | "
         "ours GFLOP/s | Tunix GFLOP/s | ours first call s | Tunix first call s | "
-        "ours, HF layout: tok/s | its / Tunix | identical rows |",
+        f"ours, {baseline_label(args)}: tok/s | its / Tunix | identical rows |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for size in args.size_list:
@@ -840,10 +859,11 @@ def report(args, ours: dict, theirs: dict, tunix_arrays: dict, peak: float, jax_
         "",
         *rollout_lines(args, ours, theirs),
         "Tokens/s count generated tokens over a whole warm call (prefill included). Ours "
-        "samples in its CPU decoding layout (`[in, out]` weights, an untied `[E, V]` head, the "
-        "sampler's program compiled without XLA:CPU's YNNPACK fusions); \"ours, HF layout\" is "
-        "the same sampler with `layout=False` (the Hugging Face `[out, in]` weights and XLA's "
-        "default options, as before that layout), timed in the same run. The train "
+        "samples in its CPU decoding layout (`[in, out]` weights, an untied `[E, V]` head, XLA's "
+        "default options); \"ours, HF layout\" is the same sampler with `layout=False` (the "
+        "Hugging Face `[out, in]` weights, as before that layout), \"ours, with K=V\" the "
+        "decoding layout compiled with those XLA options (`--baseline-options`), timed in the "
+        "same run. The train "
         "step runs Tunix's `grpo_loss_fn` (full `[B, L, V]` logits) under an `nnx.Optimizer` "
         "as its `PeftTrainer` steps it; ours `make_train_step` (log-probs from hidden states in "
         "chunks, entropy bonus 0.001, dual clip 3), under each `remat` policy listed (Tunix's "

@@ -125,7 +125,16 @@ def bench_sharing(args) -> str:
                       bucket_multiple=16)),
                 ("prompt once, held as a group prefix + multiples of 32 + chunks of 16",
                  dict(share_prompts=True, group_prefix=True, cache_multiple=32,
-                      bucket_multiple=16))]
+                      bucket_multiple=16)),
+                ("the row above compiled without YNNPACK fusions (the CPU sampler until "
+                 "2026-11-27)",
+                 dict(share_prompts=True, group_prefix=True, cache_multiple=32,
+                      bucket_multiple=16,
+                      compiler_options={"xla_cpu_experimental_ynn_fusion_type": ""})),
+                ("every row prefilled, power-of-two cache, without YNNPACK fusions (the "
+                 "rollout before prefix sharing and tight buckets)",
+                 dict(share_prompts=False,
+                      compiler_options={"xla_cpu_experimental_ynn_fusion_type": ""}))]
     if args.rows:  # the first row stays the baseline
         settings = [settings[i] for i in dict.fromkeys([0, *args.rows])]
     rows, reference = [], None

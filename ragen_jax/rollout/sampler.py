@@ -8,9 +8,9 @@ Per call (one turn):
    the cache (continuing an existing cache for later turns), then decode token by token in a
    ``lax.while_loop`` until every sequence has hit a stop token or its token budget, or the
    static ``max_new_tokens`` steps are done. No host round trip happens inside the loop.
-   On the CPU the model runs in ``decode_layout`` (``[in, out]`` weights) and the program is
-   compiled with ``CPU_DECODE_OPTIONS`` (measured on the 0.5B shape: 1.17x per call at batch
-   8-32, mostly the prefill; 0.7-0.9x at batch 1; ``layout=False`` turns it off).
+   On the CPU the model runs in ``decode_layout`` (``[in, out]`` weights: XLA:CPU's few-row
+   matmuls read them at up to 7x the rate of the Hugging Face ``[out, in]`` layout;
+   ``layout=False`` turns it off).
 3. Each generated token is also fed back into the cache (the last one included), so the
    returned cache holds the whole trajectory and the next turn only prefills its new tokens.
 
@@ -227,26 +227,6 @@ def _generate(graphdef, state, cache, tokens, mask, stop, budget, active, key, e
                         cache=cache)
 
 
-#: XLA debug options for the sampler's program on the CPU: no YNNPACK fusions, so that its
-#: matmuls go to XLA's own dot kernels, faster with ``[in, out]`` weights (``decode_layout``)
-#: and slower with ``[out, in]``: the two go together. Measured by
-#: ``experiments/bench_peers.py``; options this jaxlib does not know are left out
-#: (``cpu_decode_options``).
-CPU_DECODE_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
-
-
-@functools.cache
-def cpu_decode_options() -> dict[str, str] | None:
-    """``CPU_DECODE_OPTIONS`` when JAX runs on the CPU and its XLA accepts them, else None."""
-    if jax.default_backend() != "cpu":
-        return None
-    try:
-        jax.jit(lambda x: x + 1, compiler_options=CPU_DECODE_OPTIONS).lower(0).compile()
-    except Exception:  # an XLA without the option: compile with the defaults
-        return None
-    return CPU_DECODE_OPTIONS
-
-
 @functools.cache
 def generate_jit(expanded: bool, options: tuple[tuple[str, str], ...] = ()):
     """The jitted ``_generate``: in place (the cache argument donated) or ``expanded`` (the
@@ -263,18 +243,17 @@ class Sampler:
     jit arguments (not constants baked into the program). Call ``update(model)`` after a
     training step to sample from new weights without recompiling. A model with stacked
     layers is first copied ``per_layer``, and on the CPU into ``decode_layout`` (``compute_copy``
-    already is both; ``layout=False`` keeps the Hugging Face layout and XLA's default options).
+    already is both; ``layout=False`` keeps the Hugging Face layout). ``compiler_options``:
+    XLA options for the sampler's program (``jax.jit``'s ``compiler_options``; none by default).
     """
 
     def __init__(self, model: Qwen2ForCausalLM, *, pad_id: int = 0, min_bucket: int = 16,
                  bucket_multiple: int | None = None, share_prompts: bool = True,
                  cache_multiple: int | None = None, layout: bool | None = None,
-                 group_prefix: bool = True):
-        # ``layout``: decode in ``decode_layout`` with ``CPU_DECODE_OPTIONS`` (default: on
-        # the CPU, where this jaxlib knows the options); decided once, here.
-        options = cpu_decode_options()
-        self.layout = options is not None if layout is None else layout
-        self.options = tuple((options or {}).items()) if self.layout else ()
+                 group_prefix: bool = True, compiler_options: dict | None = None):
+        # ``layout``: decode in ``decode_layout`` (default: on the CPU); decided once, here.
+        self.layout = jax.default_backend() == "cpu" if layout is None else layout
+        self.options = tuple(sorted((compiler_options or {}).items()))
         self.graphdef, self.state = nnx.split(self._prepare(model))
         self.config = model.config
         self.pad_id = int(pad_id)

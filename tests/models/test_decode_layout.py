@@ -12,7 +12,7 @@ from ragen_jax.models.copies import decode_layout, in_decode_layout, per_layer
 from ragen_jax.models.lora import add_lora, merge_lora
 from ragen_jax.models.qwen import Linear
 from ragen_jax.rollout import Sampler, SamplingParams
-from ragen_jax.rollout.sampler import CPU_DECODE_OPTIONS, cpu_decode_options
+from ragen_jax.rollout.sampler import generate_jit
 
 CFG = QwenConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0)
@@ -79,24 +79,30 @@ def test_compute_copy_chooses_the_layout_once():
     assert in_decode_layout(compute_copy(model)) == (jax.default_backend() == "cpu")
 
 
-def test_cpu_sampler_compiles_with_the_decode_options_and_decodes_the_same_tokens():
+def test_cpu_sampler_decodes_the_same_tokens_in_the_decode_layout_and_under_compiler_options():
     if jax.default_backend() != "cpu":
-        pytest.skip("the options are for XLA:CPU")
-    assert cpu_decode_options() == CPU_DECODE_OPTIONS  # this jaxlib knows the option
+        pytest.skip("the layout is the CPU's default")
     model = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(2))
     head = model.lm_head.weight
     head[...] = head[...] * 8.0  # a peaked distribution: greedy ties cannot flip on rounding
     sampler = Sampler(model)
     assert in_decode_layout(nnx.merge(sampler.graphdef, sampler.state))
-    assert dict(sampler.options) == CPU_DECODE_OPTIONS
-    plain = Sampler(model, layout=False)  # the Hugging Face layout, XLA's default options
-    assert not in_decode_layout(nnx.merge(plain.graphdef, plain.state)) and plain.options == ()
+    assert sampler.options == ()  # XLA's default options unless asked
+    plain = Sampler(model, layout=False)  # the Hugging Face layout
+    assert not in_decode_layout(nnx.merge(plain.graphdef, plain.state))
+    options = {"xla_cpu_experimental_ynn_fusion_type": ""}  # YNNPACK fusions off
+    tuned = Sampler(model, compiler_options=options)
+    assert dict(tuned.options) == options
     prompts = [[5, 6, 7, 8, 9], [10, 11], [1, 2, 3]]
     sp = SamplingParams(max_new_tokens=8, temperature=0.0)
     out = sampler(prompts, key=jax.random.key(0), params=sp)
     base = plain(prompts, key=jax.random.key(0), params=sp)
-    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(base.tokens))
-    np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(base.logprobs), atol=1e-5)
+    compiled = generate_jit(False, tuned.options)._cache_size()
+    other = tuned(prompts, key=jax.random.key(0), params=sp)
+    assert generate_jit(False, tuned.options)._cache_size() == compiled + 1  # its own program
+    for o in (base, other):
+        np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(o.tokens))
+        np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(o.logprobs), atol=1e-5)
     # Reference: greedy decoding by full forward passes of the original model, no cache.
     for row, prompt in enumerate(prompts):
         seq = list(prompt)
