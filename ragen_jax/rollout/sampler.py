@@ -8,9 +8,9 @@ Per call (one turn):
    the cache (continuing an existing cache for later turns), then decode token by token in a
    ``lax.while_loop`` until every sequence has hit a stop token or its token budget, or the
    static ``max_new_tokens`` steps are done. No host round trip happens inside the loop.
-   On the CPU the model runs in ``decode_layout`` (``[in, out]`` weights: XLA:CPU's few-row
-   matmuls read them at up to 7x the rate of the Hugging Face ``[out, in]`` layout;
-   ``layout=False`` turns it off).
+   On the CPU the model runs in ``decode_layout`` (``[in, out]`` weights: a batch-8 decode
+   step of the 0.5B shape 1.4x faster than in the Hugging Face ``[out, in]`` layout, the same
+   at batch 1; ``layout=False`` turns it off).
 3. Each generated token is also fed back into the cache (the last one included), so the
    returned cache holds the whole trajectory and the next turn only prefills its new tokens.
 
