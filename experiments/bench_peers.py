@@ -652,7 +652,8 @@ def parse(argv=None):
     ap.add_argument("--no-roofline", dest="roofline", action="store_false",
                     help="skip the 1-token prefill calls and the bandwidth reading (ours)")
     ap.add_argument("--no-baseline-layout", dest="baseline_layout", action="store_false",
-                    help="skip our sampler in the Hugging Face weight layout (the baseline)")
+                    help="skip the baseline column (our sampler in the Hugging Face weight "
+                         "layout, or under --baseline-options)")
     ap.add_argument("--baseline-options", default=None, metavar="K=V[,K=V]",
                     help="the baseline is our decode layout compiled with these XLA options "
                          "(e.g. xla_cpu_experimental_ynn_fusion_type=) instead of the HF layout")
@@ -709,11 +710,11 @@ def main() -> None:
                                                       args.repeats)
             print(f"ours {size} B={b}: {ours[f'{size}/sample/{b}'][0]:.2f} s warm", flush=True)
             if args.baseline_layout:
-                ours[f"{size}/sample_hf/{b}"] = our_sampling(
+                ours[f"{size}/sample_base/{b}"] = our_sampling(
                     model, inputs[f"prompts_{b}"], args.new, args.repeats,
                     **baseline_sampler(args))
                 print(f"ours {size} B={b} {baseline_label(args)}: "
-                      f"{ours[f'{size}/sample_hf/{b}'][0]:.2f} s", flush=True)
+                      f"{ours[f'{size}/sample_base/{b}'][0]:.2f} s", flush=True)
             if args.roofline:  # a 1-token call: the prompt's prefill and the first token
                 ours[f"{size}/prefill/{b}"] = our_sampling(model, inputs[f"prompts_{b}"], 1,
                                                            args.repeats)[0]
@@ -817,10 +818,10 @@ def report(args, ours: dict, theirs: dict, tunix_arrays: dict, peak: float, jax_
             work = work_gflop(cfg, b, args.prompt, args.new)
             n = b * args.new
             base = ""
-            if f"{size}/sample_hf/{b}" in ours:
-                hf_warm, _, hf_tokens = ours[f"{size}/sample_hf/{b}"]
-                base = (f" {n / hf_warm:.0f} | {t['warm_s'] / hf_warm:.2f}x | "
-                        f"{float((hf_tokens == tokens).all(axis=1).mean()):.2f} |")
+            if f"{size}/sample_base/{b}" in ours:
+                base_warm, _, base_tokens = ours[f"{size}/sample_base/{b}"]
+                base = (f" {n / base_warm:.0f} | {t['warm_s'] / base_warm:.2f}x | "
+                        f"{float((base_tokens == tokens).all(axis=1).mean()):.2f} |")
             lines.append(f"| {size} | {b} | {n / warm:.0f} | {n / t['warm_s']:.0f} | "
                          f"{t['warm_s'] / warm:.2f}x | {same:.2f} | {work / warm:.0f} | "
                          f"{work / t['warm_s']:.0f} | {first:.1f} | {t['first_s']:.1f} |"

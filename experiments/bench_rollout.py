@@ -102,6 +102,10 @@ class CompileCounter:
         self._on = False
 
 
+#: The CPU sampler's compile options until 2026-11-27 (YNNPACK fusions off), timed as rows.
+NO_YNN_FUSIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+
+
 def bench_sharing(args) -> str:
     """The first prompt prefilled once per group and tighter cache growth, against neither,
     on the same seeds in one process, greedy (so the trajectories must be equal)."""
@@ -130,11 +134,11 @@ def bench_sharing(args) -> str:
                  "2026-11-27)",
                  dict(share_prompts=True, group_prefix=True, cache_multiple=32,
                       bucket_multiple=16,
-                      compiler_options={"xla_cpu_experimental_ynn_fusion_type": ""})),
+                      compiler_options=NO_YNN_FUSIONS)),
                 ("every row prefilled, power-of-two cache, without YNNPACK fusions (the "
                  "rollout before prefix sharing and tight buckets)",
                  dict(share_prompts=False,
-                      compiler_options={"xla_cpu_experimental_ynn_fusion_type": ""}))]
+                      compiler_options=NO_YNN_FUSIONS))]
     if args.rows:  # the first row stays the baseline
         settings = [settings[i] for i in dict.fromkeys([0, *args.rows])]
     rows, reference = [], None

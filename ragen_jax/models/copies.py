@@ -35,6 +35,11 @@ def _swapped(var: nnx.Variable) -> nnx.Param:
     return nnx.Param(jnp.swapaxes(var[...], -1, -2), **meta)
 
 
+def decode_layout_by_default() -> bool:
+    """Whether a sampling copy takes the ``decode_layout`` when nobody says: on the CPU."""
+    return jax.default_backend() == "cpu"
+
+
 def in_decode_layout(model: nnx.Module) -> bool:
     """Whether ``model`` is already in the ``decode_layout``."""
     head = getattr(model, "lm_head", None)
@@ -82,7 +87,7 @@ def compute_copy(model: nnx.Module, *, layout: bool | None = None) -> nnx.Module
         model = cast
     model = per_layer(model)
     if layout is None:
-        layout = jax.default_backend() == "cpu"
+        layout = decode_layout_by_default()
     if layout and isinstance(model, Qwen2ForCausalLM) and not in_decode_layout(model):
         model = decode_layout(model)
     return model

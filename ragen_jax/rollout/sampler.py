@@ -37,7 +37,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ragen_jax.models.copies import decode_layout, in_decode_layout, per_layer
+from ragen_jax.models.copies import (
+    decode_layout,
+    decode_layout_by_default,
+    in_decode_layout,
+    per_layer,
+)
 from ragen_jax.models.kv_cache import KVCache, positions_from_mask
 from ragen_jax.models.qwen import Qwen2ForCausalLM
 
@@ -252,7 +257,7 @@ class Sampler:
                  cache_multiple: int | None = None, layout: bool | None = None,
                  group_prefix: bool = True, compiler_options: dict | None = None):
         # ``layout``: decode in ``decode_layout`` (default: on the CPU); decided once, here.
-        self.layout = jax.default_backend() == "cpu" if layout is None else layout
+        self.layout = decode_layout_by_default() if layout is None else layout
         self.options = tuple(sorted((compiler_options or {}).items()))
         self.graphdef, self.state = nnx.split(self._prepare(model))
         self.config = model.config
