@@ -435,15 +435,16 @@ def write_inputs(size: str, folder: Path, args) -> dict:
 
 
 def our_sampling(model, prompts: np.ndarray, new: int, repeats: int, layout: bool | None = None,
-                 options: dict | None = None):
+                 options: dict | None = None, prefill_tokens: int | None = None):
     """(warm s, first-call s, tokens) of greedy sampling; ``layout=False``: the Hugging Face
     weight layout (the sampler before its CPU decoding layout); ``options``: XLA compiler
-    options for the sampler's program."""
+    options for the sampler's program; ``prefill_tokens``: the sampler's prefill blocks."""
     import jax
 
     from ragen_jax.rollout import Sampler, SamplingParams
 
-    sampler = Sampler(model, layout=layout, compiler_options=options)
+    sampler = Sampler(model, layout=layout, compiler_options=options,
+                      prefill_tokens=prefill_tokens)
     sp = SamplingParams(max_new_tokens=new, temperature=0.0)
     out = {}
 
@@ -595,7 +596,10 @@ def decode_bytes(cfg, params_bytes: int, batch: int, slots: int) -> int:
 
 def baseline_sampler(args) -> dict:
     """``our_sampling``'s arguments for the baseline column: the Hugging Face layout, or with
-    ``--baseline-options`` the decode layout under those XLA options."""
+    ``--baseline-options`` the decode layout under those XLA options, or with
+    ``--baseline-prefill-tokens`` our default sampler with that prefill block budget."""
+    if args.baseline_prefill_tokens is not None:
+        return {"prefill_tokens": args.baseline_prefill_tokens}
     if args.baseline_options is None:
         return {"layout": False}
     pairs = (kv.split("=", 1) for kv in args.baseline_options.split(",") if kv)
@@ -603,6 +607,8 @@ def baseline_sampler(args) -> dict:
 
 
 def baseline_label(args) -> str:
+    if args.baseline_prefill_tokens is not None:
+        return f"prefill_tokens={args.baseline_prefill_tokens}"
     return "HF layout" if args.baseline_options is None else f"with {args.baseline_options}"
 
 
@@ -657,6 +663,9 @@ def parse(argv=None):
     ap.add_argument("--baseline-options", default=None, metavar="K=V[,K=V]",
                     help="the baseline is our decode layout compiled with these XLA options "
                          "(e.g. xla_cpu_experimental_ynn_fusion_type=) instead of the HF layout")
+    ap.add_argument("--baseline-prefill-tokens", type=int, default=None, metavar="N",
+                    help="the baseline is our default sampler prefilling in blocks of at most N "
+                         "tokens (0: the whole chunk at once) instead of the HF layout")
     ap.add_argument("--no-rollout", dest="rollout", action="store_false",
                     help="skip the multi-turn Sokoban rollout (part 3)")
     ap.add_argument("--groups", type=int, default=4, help="rollout: env groups")
@@ -863,8 +872,10 @@ def report(args, ours: dict, theirs: dict, tunix_arrays: dict, peak: float, jax_
         "samples in its CPU decoding layout (`[in, out]` weights, an untied `[E, V]` head, XLA's "
         "default options); \"ours, HF layout\" is the same sampler with `layout=False` (the "
         "Hugging Face `[out, in]` weights, as before that layout), \"ours, with K=V\" the "
-        "decoding layout compiled with those XLA options (`--baseline-options`), timed in the "
-        "same run. The train "
+        "decoding layout compiled with those XLA options (`--baseline-options`), "
+        "\"ours, prefill_tokens=N\" our sampler prefilling in blocks of at most N tokens (0: "
+        "each call's chunk at once; `--baseline-prefill-tokens`), timed in the same run. The "
+        "train "
         "step runs Tunix's `grpo_loss_fn` (full `[B, L, V]` logits) under an `nnx.Optimizer` "
         "as its `PeftTrainer` steps it; ours `make_train_step` (log-probs from hidden states in "
         "chunks, entropy bonus 0.001, dual clip 3), under each `remat` policy listed (Tunix's "

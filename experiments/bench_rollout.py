@@ -133,12 +133,16 @@ def bench_sharing(args) -> str:
                 ("the row above compiled without YNNPACK fusions (the CPU sampler until "
                  "2026-11-27)",
                  dict(share_prompts=True, group_prefix=True, cache_multiple=32,
-                      bucket_multiple=16,
+                      bucket_multiple=16, prefill_tokens=0,
                       compiler_options=NO_YNN_FUSIONS)),
                 ("every row prefilled, power-of-two cache, without YNNPACK fusions (the "
                  "rollout before prefix sharing and tight buckets)",
-                 dict(share_prompts=False,
-                      compiler_options=NO_YNN_FUSIONS))]
+                 dict(share_prompts=False, prefill_tokens=0,
+                      compiler_options=NO_YNN_FUSIONS)),
+                ("row 6 with every chunk prefilled in one block (the CPU sampler until "
+                 "2026-11-27)",
+                 dict(share_prompts=True, group_prefix=True, cache_multiple=32,
+                      bucket_multiple=16, prefill_tokens=0))]
     if args.rows:  # the first row stays the baseline
         settings = [settings[i] for i in dict.fromkeys([0, *args.rows])]
     rows, reference = [], None

@@ -622,7 +622,7 @@ class Qwen2Model(nnx.Module):
         """Whether the layers are stored stacked (else an ``nnx.List``, see ``per_layer``)."""
         return not isinstance(self.layers, nnx.List)
 
-    def _batch_shards(self) -> int:
+    def batch_shards(self) -> int:
         """How many ways ``activation_sharding`` splits the batch (1 without a mesh)."""
         sharding = self.activation_sharding
         if sharding is None:
@@ -632,7 +632,7 @@ class Qwen2Model(nnx.Module):
     def _constrain(self, x):
         if self.activation_sharding is None:
             return x
-        if x.shape[0] % self._batch_shards():  # e.g. a sampler batch of 1 on 8 devices: leave it to XLA
+        if x.shape[0] % self.batch_shards():  # e.g. a sampler batch of 1 on 8 devices: leave it to XLA
             return x
         return jax.lax.with_sharding_constraint(x, self.activation_sharding)
 
@@ -713,7 +713,7 @@ class Qwen2Model(nnx.Module):
 
         blocks = last_blocks = 1
         if cache is not None:
-            shards = self._batch_shards()
+            shards = self.batch_shards()
             slots = cache.size + (cache.prefix_valid.shape[1] if cache.groups else 0)
             blocks = attention_blocks(self.config, b, t, slots, shards)
             last_blocks = blocks if rows is None else attention_blocks(

@@ -1,4 +1,5 @@
-"""A forward pass on 8 simulated CPU devices equals the single-device one.
+"""A forward pass (and a sampler's blocked prefill) on 8 simulated CPU devices equals the
+single-device one.
 
 Runs in a subprocess: the test process has already initialised JAX with one CPU device.
 """
@@ -62,6 +63,19 @@ SCRIPT = textwrap.dedent(
     assert len(out.sharding.device_set) == 8
     err = float(np.abs(np.asarray(out) - ref)[np.asarray(mask)].max())
     assert err < 1e-5, err
+
+    # The sampler on the sharded model, its prompts prefilled in blocks of rows (4 blocks of
+    # 4 rows, one per device each), samples what one unsharded block samples.
+    from ragen_jax.rollout import Sampler, SamplingParams
+    prompts = rng.randint(1, 512, (16, 12)).tolist()
+    sp = SamplingParams(max_new_tokens=4, temperature=0.0)
+    ref = Sampler(model, prefill_tokens=0)(prompts, key=jax.random.key(0), params=sp)
+    sharded = shard_model(model, mesh)
+    assert sharded.model.batch_shards() == 4
+    got = Sampler(sharded, prefill_tokens=64)(prompts, key=jax.random.key(0), params=sp)
+    np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(ref.tokens))
+    np.testing.assert_allclose(np.asarray(got.model_logprobs), np.asarray(ref.model_logprobs),
+                               atol=1e-5)
     print("SHARDED_OK")
     """
 )

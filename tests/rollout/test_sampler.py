@@ -263,3 +263,51 @@ def test_cache_grows_to_a_multiple_with_the_same_tokens(model):
         outs.append(nxt)
     assert outs[0].cache.size == 64 and outs[1].cache.size == 48
     np.testing.assert_array_equal(np.asarray(outs[0].tokens), np.asarray(outs[1].tokens))
+
+
+def test_prefill_block_rows_by_hand():
+    """Rows per prefill block: the largest divisor of the batch within the token budget, a
+    multiple of the batch's device split; one block when the chunk fits or nothing divides."""
+    from ragen_jax.rollout.sampler import prefill_block_rows
+
+    assert prefill_block_rows(32, 256, 2048) == 8
+    assert prefill_block_rows(24, 256, 2048) == 8
+    assert prefill_block_rows(34, 256, 2048) == 2  # 34 = 2 x 17
+    assert prefill_block_rows(32, 256, 0) == 32  # no budget: one block
+    assert prefill_block_rows(8, 256, 2048) == 8  # fits
+    assert prefill_block_rows(16, 256, 2048, shards=4) == 8
+    assert prefill_block_rows(16, 1024, 2048, shards=4) == 4  # none fits: one row per device
+    assert prefill_block_rows(6, 1024, 2048, shards=4) == 6  # an uneven split: one block
+    assert prefill_block_rows(7, 1024, 2048) == 1
+    assert prefill_block_rows(128, 64, 2048, unit=16) == 32  # 2 groups of 16 rows a block
+    assert prefill_block_rows(128, 64, 2048, shards=2, unit=16) == 32
+    assert prefill_block_rows(128, 64, 512, shards=2, unit=16) == 32  # none fits
+    assert prefill_block_rows(48, 64, 2048, shards=2, unit=16) == 48  # 3 groups: uneven
+
+
+@pytest.mark.parametrize("share,grouped", [(False, False), (True, False), (True, True)])
+def test_prefill_in_row_blocks_samples_what_one_block_samples(model, share, grouped):
+    """A chunk prefilled in blocks of rows (``prefill_tokens``) gives the tokens, log-probs
+    and cache of prefilling it at once, on a first turn (every row, distinct prompts, group
+    prefix) and on a later turn continuing the cache (with a group prefix: blocks of one and
+    of two groups)."""
+    prompts = [PROMPTS[0]] * 2 + [PROMPTS[2]] * 2 + [PROMPTS[1]] * 2 + [[3, 4]] * 2 if share \
+        else [PROMPTS[i % 3][: 3 + i] for i in range(6)]
+    keys = jax.random.split(jax.random.key(6), len(prompts))
+    sp = SamplingParams(max_new_tokens=5, temperature=1.0)
+    runs = []
+    for budget in (0, 64, 128):  # blocks of 2 to 4 rows (16- or 32-token buckets)
+        s = Sampler(model, share_prompts=share, group_prefix=grouped, prefill_tokens=budget)
+        first = s(prompts, key=keys, params=sp)
+        nxt = s([[7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26]]
+                * len(prompts), key=keys, cache=first.cache, params=sp)
+        runs.append((first, nxt))
+    for blocked in runs[1:]:
+        for a, b in zip(runs[0], blocked, strict=True):
+            np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+            np.testing.assert_allclose(np.asarray(a.model_logprobs),
+                                       np.asarray(b.model_logprobs), atol=1e-5)
+        a, b = runs[0][1].cache, blocked[1].cache
+        assert a.groups == b.groups == (4 if grouped else 0)
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5)
