@@ -5,7 +5,8 @@ Per call (one turn):
 1. The host left-pads the prompt chunk to a power-of-two bucket (bounding recompiles), or
    to a multiple of ``bucket_multiple`` (less padding to prefill, a few more shapes).
 2. On device, in one jitted function whose KV cache argument is donated: prefill the chunk into
-   the cache (continuing an existing cache for later turns), then decode token by token in a
+   the cache (continuing an existing cache for later turns; a chunk of more than
+   ``prefill_tokens`` tokens in blocks of rows), then decode token by token in a
    ``lax.while_loop`` until every sequence has hit a stop token or its token budget, or the
    static ``max_new_tokens`` steps are done. No host round trip happens inside the loop.
    On the CPU the model runs in ``decode_layout`` (``[in, out]`` weights: a batch-8 decode
