@@ -232,13 +232,44 @@ def _prefill(model, tokens, pos, mask, cache: KVCache, last, rows: int):
                                  index=(cache.index + tokens.shape[1]).astype(jnp.int32))
 
 
+class HashedGraph:
+    """A graph definition as a jit static argument, hashed once: nnx hashes a ``GraphDef``
+    anew on every call (~1 ms for the tiny model, most of a batch-1 call's host time)."""
+
+    __slots__ = ("graphdef", "_hash")
+
+    def __init__(self, graphdef):
+        self.graphdef, self._hash = graphdef, hash(graphdef)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        return self is other or (isinstance(other, HashedGraph) and self.graphdef == other.graphdef)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _empty_cache(config, batch: int, size: int) -> KVCache:
+    """``KVCache.init`` (per layer) as one program, not one dispatch per layer's array."""
+    return KVCache.init(config, batch, size, stacked=False)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _grown(cache: KVCache, size: int) -> KVCache:
+    """``cache.grow(size)`` as one program (its buffers cannot be donated: they are smaller)."""
+    return cache.grow(size)
+
+
 def _generate(graphdef, state, cache, tokens, mask, stop, budget, active, key, expand=None, *,
               sp, pad_id, group_prefix=False, prefill_tokens=0):
     """Prefill ``tokens[B, P]`` into ``cache``, then decode up to ``sp.max_new_tokens``.
     With ``expand [B']`` the prefilled rows are distinct prompts: row ``expand[i]`` of the
     prefill becomes row ``i`` of the decode (its cache slots and next-token logits copied;
     with ``group_prefix`` the prefill's cache becomes the decode cache's shared prefix
-    instead, ``expand`` then being B / B' consecutive rows per prompt)."""
+    instead, ``expand`` then being B / B' consecutive rows per prompt). ``graphdef``: a
+    ``GraphDef`` or a ``HashedGraph``."""
+    if isinstance(graphdef, HashedGraph):
+        graphdef = graphdef.graphdef
     model = nnx.merge(graphdef, state)
     p = tokens.shape[1]
     n = sp.max_new_tokens
@@ -331,6 +362,7 @@ class Sampler:
             prefill_tokens)
         self.options = tuple(sorted((compiler_options or {}).items()))
         self.graphdef, self.state = nnx.split(self._prepare(model))
+        self._static = HashedGraph(self.graphdef)
         self.config = model.config
         self.pad_id = int(pad_id)
         self.min_bucket = int(min_bucket)
@@ -350,6 +382,7 @@ class Sampler:
     def update(self, model: Qwen2ForCausalLM) -> None:
         """Uses ``model``'s current parameters from now on."""
         self.graphdef, self.state = nnx.split(self._prepare(model))
+        self._static = HashedGraph(self.graphdef)
 
     def _prepare(self, model: Qwen2ForCausalLM) -> Qwen2ForCausalLM:
         """``model`` as this sampler runs it: ``per_layer``, and in ``decode_layout`` with
@@ -419,13 +452,13 @@ class Sampler:
                 rows = min(b, bucket_length(tokens.shape[0], minimum=1))
                 tokens, valid = pad_rows(tokens, rows), pad_rows(valid, rows)
             size = p if grouped else p + n  # a group prefix: its rows' own slots hold the rest
-            cache = KVCache.init(self.config, tokens.shape[0], size, stacked=False)
+            cache = _empty_cache(self.config, tokens.shape[0], size)
         else:
             if cache.batch != b:
                 raise ValueError(f"cache batch {cache.batch} != prompt batch {b}")
             need = int(cache.index) + p + n  # one host read, outside the decode loop
             if need > cache.size:
-                cache = cache.grow(bucket_length(need, multiple=self.cache_multiple))
+                cache = _grown(cache, bucket_length(need, multiple=self.cache_multiple))
         stop = np.asarray(stop_tokens, np.int32)
         if stop.ndim <= 1:  # shared stop list -> one row per sequence
             stop = np.broadcast_to(stop.reshape(1, -1), (b, stop.size))
@@ -434,9 +467,8 @@ class Sampler:
         budget = np.full((b,), n, np.int32) if max_new is None else np.minimum(
             np.asarray(max_new, np.int32), n)
         run = generate_jit(expand is not None, self.options)
-        return run(self.graphdef, self.state, cache, jnp.asarray(tokens), jnp.asarray(valid),
-                   jnp.asarray(stop), jnp.asarray(budget), jnp.asarray(act), key,
-                   None if expand is None else jnp.asarray(expand),
+        # Host arrays go to the jitted call as they are (its C++ path moves them).
+        return run(self._static, self.state, cache, tokens, valid, stop, budget, act, key, expand,
                    sp=params, pad_id=self.pad_id, group_prefix=bool(grouped),
                    prefill_tokens=self.prefill_tokens)
 
@@ -452,6 +484,8 @@ def distinct_rows(tokens: np.ndarray, valid: np.ndarray
     """The distinct prompts of ``tokens``/``valid [B, P]`` in order of first appearance and
     ``expand [B]`` (row b is distinct prompt ``expand[b]``), or the inputs and None when
     every row is distinct."""
+    if tokens.shape[0] < 2:
+        return tokens, valid, None
     rows = np.where(valid, tokens, -1)
     _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
     if first.size == rows.shape[0]:

@@ -311,3 +311,23 @@ def test_prefill_in_row_blocks_samples_what_one_block_samples(model, share, grou
         assert a.groups == b.groups == (4 if grouped else 0)
         for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
             np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-5)
+
+
+def test_update_samples_from_new_weights_without_recompiling(model):
+    """``Sampler.update`` swaps the weights in: the next call samples what a fresh sampler on
+    the new weights samples, from the program already compiled (the graph, hashed once per
+    update, equals the old one)."""
+    from ragen_jax.rollout.sampler import generate_jit
+
+    sp = SamplingParams(max_new_tokens=4, temperature=0.0)
+    s = Sampler(model, share_prompts=False)
+    before = s(PROMPTS, key=jax.random.key(0), params=sp)
+    run = generate_jit(False, s.options)
+    compiled = run._cache_size()
+    other = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(2))
+    s.update(other)
+    after = s(PROMPTS, key=jax.random.key(0), params=sp)
+    assert run._cache_size() == compiled
+    fresh = Sampler(other, share_prompts=False)(PROMPTS, key=jax.random.key(0), params=sp)
+    np.testing.assert_array_equal(np.asarray(after.tokens), np.asarray(fresh.tokens))
+    assert not np.array_equal(np.asarray(after.tokens), np.asarray(before.tokens))
