@@ -277,9 +277,10 @@ def _generate(graphdef, state, cache, tokens, mask, stop, budget, active, key, e
     # Prefill; logits only at each row's last real token.
     last = (p - 1 - jnp.argmax(mask[:, ::-1], axis=1)).astype(jnp.int32)  # [B]
     pos = positions_from_mask(mask, cache.lengths)
-    rows = prefill_block_rows(tokens.shape[0], p, prefill_tokens, model.model.batch_shards(),
-                              tokens.shape[0] // cache.groups if cache.groups else 1)
-    logits, cache = _prefill(model, tokens, pos, mask, cache, last, rows)
+    block_rows = prefill_block_rows(tokens.shape[0], p, prefill_tokens,
+                                    model.model.batch_shards(),
+                                    tokens.shape[0] // cache.groups if cache.groups else 1)
+    logits, cache = _prefill(model, tokens, pos, mask, cache, last, block_rows)
     if group_prefix:
         rows = KVCache.init(model.config, expand.shape[0], n, cache.k[0].dtype,
                             stacked=False).with_group_prefix(cache)
