@@ -23,10 +23,7 @@ if "RAGEN_JAX_TESTS_JIT_CACHE" not in os.environ:
     os.environ["RAGEN_JAX_TESTS_JIT_CACHE"] = _OWN_JIT_CACHE
 _JIT_CACHE_SETTINGS = {
     "jax_compilation_cache_dir": os.environ["RAGEN_JAX_TESTS_JIT_CACHE"],
-    # Programs that compile in under a second are not cached: XLA:CPU crashed (a native
-    # segfault in deserialize_executable) reading one such entry back, the same one in three
-    # CI runs of 2026-11-27 (FrozenLake's eager reset while_loop).
-    "jax_persistent_cache_min_compile_time_secs": 1.0,
+    "jax_persistent_cache_min_compile_time_secs": 0.1,
     # A size limit turns on the cache's file lock: no process reads an entry another is writing.
     "jax_compilation_cache_max_size": 4 << 30,
 }
