@@ -104,6 +104,9 @@ class CompileCounter:
 
 #: The CPU sampler's compile options until 2026-11-27 (YNNPACK fusions off), timed as rows.
 NO_YNN_FUSIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+#: The sampler the trainer builds (row 6): a group's prompt held once, tight buckets.
+GROUP_PREFIX_ROW = dict(share_prompts=True, group_prefix=True, cache_multiple=32,
+                        bucket_multiple=16)
 
 
 def bench_sharing(args) -> str:
@@ -128,21 +131,17 @@ def bench_sharing(args) -> str:
                  dict(share_prompts=True, group_prefix=False, cache_multiple=32,
                       bucket_multiple=16)),
                 ("prompt once, held as a group prefix + multiples of 32 + chunks of 16",
-                 dict(share_prompts=True, group_prefix=True, cache_multiple=32,
-                      bucket_multiple=16)),
+                 GROUP_PREFIX_ROW),
                 ("the row above compiled without YNNPACK fusions (the CPU sampler until "
                  "2026-11-27)",
-                 dict(share_prompts=True, group_prefix=True, cache_multiple=32,
-                      bucket_multiple=16, prefill_tokens=0,
-                      compiler_options=NO_YNN_FUSIONS)),
+                 dict(GROUP_PREFIX_ROW, prefill_tokens=0, compiler_options=NO_YNN_FUSIONS)),
                 ("every row prefilled, power-of-two cache, without YNNPACK fusions (the "
                  "rollout before prefix sharing and tight buckets)",
                  dict(share_prompts=False, prefill_tokens=0,
                       compiler_options=NO_YNN_FUSIONS)),
                 ("row 6 with every chunk prefilled in one block (the CPU sampler until "
                  "2026-11-27)",
-                 dict(share_prompts=True, group_prefix=True, cache_multiple=32,
-                      bucket_multiple=16, prefill_tokens=0))]
+                 dict(GROUP_PREFIX_ROW, prefill_tokens=0))]
     if args.rows:  # the first row stays the baseline
         settings = [settings[i] for i in dict.fromkeys([0, *args.rows])]
     rows, reference = [], None

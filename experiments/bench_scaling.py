@@ -135,7 +135,7 @@ from bench_scaling import SHAPES_1_5B
 from ragen_jax.models import KVCache, Qwen2ForCausalLM, QwenConfig
 from ragen_jax.models.placement import param_shardings
 from ragen_jax.rollout.sampler import SamplingParams
-from ragen_jax.rollout.sampler import generate_jit
+from ragen_jax.rollout.sampler import HashedGraph, generate_jit
 _generate = generate_jit(False)
 from ragen_jax.sharding import batch_sharding, make_mesh
 from ragen_jax.starpo.update import UpdateConfig, make_optimizer, make_train_step
@@ -180,7 +180,7 @@ for kind, name, mesh_shape, batch, length in CASES:
                                  sharding=rows if x.ndim else NamedSharding(mesh, P())), cache)
             arr = lambda shape, dt, sh=rows: jax.ShapeDtypeStruct(shape, dt, sharding=sh)
             key = jax.eval_shape(lambda: jax.random.key(0))
-            compiled = _generate.lower(graphdef, state, cache, arr((batch, length), jnp.int32),
+            compiled = _generate.lower(HashedGraph(graphdef), state, cache, arr((batch, length), jnp.int32),
                                        arr((batch, length), bool), arr((batch, 1), jnp.int32),
                                        arr((batch,), jnp.int32), arr((batch,), bool), key,
                                        sp=SamplingParams(max_new_tokens=new, temperature=1.0),

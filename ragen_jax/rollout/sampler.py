@@ -192,17 +192,20 @@ def prefill_block_rows(batch: int, length: int, budget: int, shards: int = 1,
     return max(fits, default=step)
 
 
-def _prefill(model, tokens, pos, mask, cache: KVCache, last, rows: int):
-    """``model(tokens, pos, mask, cache, logits_at=last)``, run over blocks of ``rows`` rows
-    one after another (``lax.map``) when that is fewer than the batch. Why: XLA:CPU's layer
+def _prefill(model, tokens, pos, mask, cache: KVCache, last, budget: int):
+    """``model(tokens, pos, mask, cache, logits_at=last)`` on a per-layer cache, run over
+    blocks of rows of at most ``budget`` tokens one after another (``lax.map``; the rows per
+    block from ``prefill_block_rows``) when that is fewer than the batch. Why: XLA:CPU's layer
     matmuls on many thousands of tokens at once run slower per token than on a few thousand
     (the 0.5B shape: 32 x 256 tokens took 4.6x the time of 8 x 256, in blocks of 8 rows 4.0x).
     Block ``j`` of ``n`` holds units ``j, j + n, j + 2n, ...``, a unit being one row, or a
     group prefix's rows with theirs (so a batch split over devices stays split)."""
     b = tokens.shape[0]
+    unit = b // cache.groups if cache.groups else 1
+    rows = prefill_block_rows(b, tokens.shape[1], budget, model.model.batch_shards(), unit)
     if rows >= b:
         return model(tokens, pos, mask, cache, logits_at=last)
-    n, unit = b // rows, b // cache.groups if cache.groups else 1
+    n = b // rows
 
     def split(x):  # [B, ...] -> [n, rows, ...]
         x = x.reshape(rows // unit, n, unit, *x.shape[1:]).swapaxes(0, 1)
@@ -260,27 +263,22 @@ def _grown(cache: KVCache, size: int) -> KVCache:
     return cache.grow(size)
 
 
-def _generate(graphdef, state, cache, tokens, mask, stop, budget, active, key, expand=None, *,
+def _generate(graph, state, cache, tokens, mask, stop, budget, active, key, expand=None, *,
               sp, pad_id, group_prefix=False, prefill_tokens=0):
     """Prefill ``tokens[B, P]`` into ``cache``, then decode up to ``sp.max_new_tokens``.
     With ``expand [B']`` the prefilled rows are distinct prompts: row ``expand[i]`` of the
     prefill becomes row ``i`` of the decode (its cache slots and next-token logits copied;
     with ``group_prefix`` the prefill's cache becomes the decode cache's shared prefix
-    instead, ``expand`` then being B / B' consecutive rows per prompt). ``graphdef``: a
-    ``GraphDef`` or a ``HashedGraph``."""
-    if isinstance(graphdef, HashedGraph):
-        graphdef = graphdef.graphdef
-    model = nnx.merge(graphdef, state)
+    instead, ``expand`` then being B / B' consecutive rows per prompt). ``graph``: the
+    model's ``HashedGraph``."""
+    model = nnx.merge(graph.graphdef, state)
     p = tokens.shape[1]
     n = sp.max_new_tokens
 
     # Prefill; logits only at each row's last real token.
     last = (p - 1 - jnp.argmax(mask[:, ::-1], axis=1)).astype(jnp.int32)  # [B]
     pos = positions_from_mask(mask, cache.lengths)
-    block_rows = prefill_block_rows(tokens.shape[0], p, prefill_tokens,
-                                    model.model.batch_shards(),
-                                    tokens.shape[0] // cache.groups if cache.groups else 1)
-    logits, cache = _prefill(model, tokens, pos, mask, cache, last, block_rows)
+    logits, cache = _prefill(model, tokens, pos, mask, cache, last, prefill_tokens)
     if group_prefix:
         rows = KVCache.init(model.config, expand.shape[0], n, cache.k[0].dtype,
                             stacked=False).with_group_prefix(cache)
@@ -332,7 +330,7 @@ def _generate(graphdef, state, cache, tokens, mask, stop, budget, active, key, e
 def generate_jit(expanded: bool, options: tuple[tuple[str, str], ...] = ()):
     """The jitted ``_generate``: in place (the cache argument donated) or ``expanded`` (the
     output cache has more rows than the input: nothing to donate), compiled with ``options``."""
-    return jax.jit(_generate, static_argnames=("graphdef", "sp", "pad_id", "group_prefix",
+    return jax.jit(_generate, static_argnames=("graph", "sp", "pad_id", "group_prefix",
                                                "prefill_tokens"),
                    donate_argnames=() if expanded else ("cache",),
                    compiler_options=dict(options) or None)
@@ -362,8 +360,7 @@ class Sampler:
         self.prefill_tokens = prefill_tokens_by_default() if prefill_tokens is None else int(
             prefill_tokens)
         self.options = tuple(sorted((compiler_options or {}).items()))
-        self.graphdef, self.state = nnx.split(self._prepare(model))
-        self._static = HashedGraph(self.graphdef)
+        self.update(model)
         self.config = model.config
         self.pad_id = int(pad_id)
         self.min_bucket = int(min_bucket)
@@ -382,8 +379,13 @@ class Sampler:
 
     def update(self, model: Qwen2ForCausalLM) -> None:
         """Uses ``model``'s current parameters from now on."""
-        self.graphdef, self.state = nnx.split(self._prepare(model))
-        self._static = HashedGraph(self.graphdef)
+        graphdef, self.state = nnx.split(self._prepare(model))
+        self.graph = HashedGraph(graphdef)
+
+    @property
+    def graphdef(self):
+        """The graph definition of the model this sampler runs (``nnx.merge(graphdef, state)``)."""
+        return self.graph.graphdef
 
     def _prepare(self, model: Qwen2ForCausalLM) -> Qwen2ForCausalLM:
         """``model`` as this sampler runs it: ``per_layer``, and in ``decode_layout`` with
@@ -469,7 +471,7 @@ class Sampler:
             np.asarray(max_new, np.int32), n)
         run = generate_jit(expand is not None, self.options)
         # Host arrays go to the jitted call as they are (its C++ path moves them).
-        return run(self._static, self.state, cache, tokens, valid, stop, budget, act, key, expand,
+        return run(self.graph, self.state, cache, tokens, valid, stop, budget, act, key, expand,
                    sp=params, pad_id=self.pad_id, group_prefix=bool(grouped),
                    prefill_tokens=self.prefill_tokens)
 
