@@ -226,6 +226,7 @@ class ActorConfig:
     recompute_logprobs: bool = True  # old log-probs from a forward pass (RAGEN) vs the sampler's
     share_prefix: bool = True  # a group's common first prompt runs once per forward pass of the update, not once per row (exact)
     pad_multiple: int = 64  # the update's rows (and shared prefixes) are cut to the longest, rounded up to this: smaller pads less, compiles more shapes
+    long_rows_apart: bool = True  # one device: a mini-batch's longest rows train as its last micro-batch, the others cut to their own width (exact; micro_batches >= 2)
 
     def __post_init__(self):
         _choice("actor.lr_schedule", self.lr_schedule, ("constant", "cosine"))

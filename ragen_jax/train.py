@@ -85,6 +85,8 @@ class Trainer:
         self.is_main = jax.process_index() == 0
         self.out = self.plan.output_dir
         self.mesh = make_mesh((run.mesh.data, run.mesh.fsdp, run.mesh.tensor))
+        # Sorting rows by length inside the update would move them between devices.
+        self.long_rows_apart = run.actor.long_rows_apart and self.mesh.size == 1
         warning = micro_batch_warning(self.plan.step, self.mesh.shape["data"] * self.mesh.shape["fsdp"])
         if warning and self.is_main:
             print(warning, flush=True)
@@ -169,7 +171,8 @@ class Trainer:
             pad_multiple=self.run.actor.pad_multiple, group_buckets=buckets, mesh=self.mesh,
             rng=np.random.default_rng([self.run.seed, self.step, jax.process_index()]),
             share_prefixes=self.run.actor.share_prefix,
-            sample_unit=self.run.algorithm.sample_unit)
+            sample_unit=self.run.algorithm.sample_unit,
+            micro_batches=self.run.actor.micro_batches, long_rows_apart=self.long_rows_apart)
         if rows is None:
             return metrics | {"train/update_skipped_empty": 1.0} | timings
 

@@ -67,7 +67,8 @@ def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
                      group_offset: int, mini_batch_size: int, pad_multiple: int,
                      group_buckets: np.ndarray, mesh: Mesh, rng: np.random.Generator,
                      share_prefixes: bool = True,
-                     sample_unit: str = "trajectory") -> StepBatch | None:
+                     sample_unit: str = "trajectory", micro_batches: int = 1,
+                     long_rows_apart: bool = False) -> StepBatch | None:
     """The update's rows of this process's rollout ``batch`` (``None`` if no process kept
     any). ``keep [G_local]`` and ``weights [B_local]`` come from the filter, ``group_offset``
     is this process's first global group id, ``group_buckets [G]`` the reward-std bucket of
@@ -77,7 +78,12 @@ def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
     into a table computed once per forward pass (``StepBatch.prefixes``), and the rows hold
     only what follows it: a group of n rows reads its prompt once instead of n times.
 
-    ``sample_unit="turn"``: the rows are the turn rows (``weights`` stay per episode)."""
+    ``sample_unit="turn"``: the rows are the turn rows (``weights`` stay per episode).
+
+    ``long_rows_apart`` (one device): when every mini-batch's rows but its longest micro-batch's
+    worth (``micro_batches`` per mini-batch) fit in fewer slots, the batch says so
+    (``StepBatch.short_width``) and the update trains those at that width
+    (``update.long_rows_apart``)."""
     if sample_unit not in SAMPLE_UNITS:
         raise ValueError(f"algorithm.sample_unit must be one of {SAMPLE_UNITS}, got {sample_unit!r}")
     episodes = None
@@ -128,17 +134,40 @@ def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
         # Row = global group id: every process's table, in process order.
         prefixes = Prefixes(*(dist.replicated(dist.allgather(t).reshape(-1, t.shape[1]), mesh)
                               for t in table))
+    split = None
+    if long_rows_apart:
+        split = short_width(tokens["attention_mask"].sum(1), mini_batch_size, micro_batches,
+                            pad_multiple, tokens["input_ids"].shape[1])
     local = StepBatch(
         **tokens, scores=batch.scores[rows], group_ids=group_ids.astype(np.int32),
         bucket_ids=np.asarray(group_buckets, np.int32)[group_ids],
         advantage_scale=weights[rows].astype(np.float32),
         prefix_index=None if prefixes is None else group_ids.astype(np.int32),
-        episode_index=None if episodes is None else episode_index[rows])
+        episode_index=None if episodes is None else episode_index[rows], short_width=split)
     if episodes is not None:  # every process's episodes, in process order
         episodes = Episodes(*(dist.replicated(dist.allgather(x).reshape(-1), mesh)
                               for x in episodes))
     return jax.tree.map(lambda x: dist.global_rows(x, mesh), local).replace(
         prefixes=prefixes, episodes=episodes)
+
+
+def short_width(lengths: np.ndarray, mini_batch_size: int, micro_batches: int,
+                pad_multiple: int, width: int) -> int | None:
+    """The width (a multiple of ``pad_multiple``) that holds, in every mini-batch, all rows
+    but its longest ``mini_batch_size / micro_batches`` (``update.long_rows_apart``), given
+    the rows' lengths ``[B]``; None when that is not narrower than the rows' ``width`` or
+    there is a single micro-batch. Mini-batch ``i`` holds rows ``i, i + n, ...`` of the ``n``
+    (``update.interleave``)."""
+    if micro_batches < 2 or lengths.size == 0:
+        return None
+
+    def rounded(n: int) -> int:
+        return max(pad_multiple, -(-int(n) // pad_multiple) * pad_multiple)
+
+    parts = lengths.reshape(-1, lengths.size // mini_batch_size).T  # [mini-batches, rows]
+    short = mini_batch_size - mini_batch_size // micro_batches
+    narrow = rounded(np.sort(parts, axis=1)[:, short - 1].max())
+    return narrow if narrow < width else None
 
 
 class _TurnRows:

@@ -120,6 +120,9 @@ class StepBatch:
     # Turn rows (``sample_unit=turn``): each row's global episode, and every episode.
     episode_index: jax.Array | None = None  # [B] int32
     episodes: Episodes | None = None  # [E], replicated
+    # Static: all rows of each mini-batch but its longest micro-batch's worth fit in this many
+    # slots (``update.long_rows_apart``); None: every micro-batch at the full width.
+    short_width: int | None = flax.struct.field(pytree_node=False, default=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,7 +210,8 @@ def make_update(settings: StepSettings, networks: Networks, mesh: Mesh | None = 
         if train_actor:
             lr = learning_rate(s.actor, state.step)
             actor, actor_opt, actor_metrics = mini_batch_epochs(
-                actor_step, state.actor, actor_rest, state.actor_opt, rows, lr,
+                actor_step, state.actor, actor_rest, state.actor_opt,
+                rows.replace(short_width=batch.short_width), lr,
                 epochs=s.epochs, mini_batch_size=s.mini_batch_size, prefixes=batch.prefixes)
             state = state.replace(actor=actor, actor_opt=actor_opt)
             metrics |= actor_metrics | {"actor/lr": lr}

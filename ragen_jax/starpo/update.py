@@ -104,6 +104,24 @@ class TrainBatch:
     advantages: jax.Array  # [B, L] float32
     ref_logp: jax.Array | None = None  # [B, L] float32; None without a reference policy
     prefix_index: jax.Array | None = None  # [B] int32: the rows continue these shared prefixes
+    # Static: every micro-batch of a step but its longest fits in this many slots
+    # (``long_rows_apart``); None: all micro-batches at the full width L.
+    short_width: int | None = flax.struct.field(pytree_node=False, default=None)
+
+
+def long_rows_apart(batch: TrainBatch, parts: int) -> tuple[TrainBatch, TrainBatch]:
+    """A mini-batch's rows sorted by length and split in two: the shortest ``B - B / parts``
+    cut to ``batch.short_width`` slots (``parts - 1`` micro-batches' worth), the longest ``B /
+    parts`` at the full width (one micro-batch). A few long rows (a turn with a format
+    warning) then widen one micro-batch instead of all of them. The row builder guarantees
+    that the short rows fit (``rows.short_width``); the loss is a sum over rows, so the
+    gradient is the same up to float summation order."""
+    width, rows = batch.short_width, batch.input_ids.shape[0]
+    cut = rows - rows // parts
+    order = jnp.argsort(jnp.sum(batch.attention_mask, axis=1), stable=True)  # shortest first
+    batch = jax.tree.map(lambda x: x[order], batch.replace(short_width=None))
+    short = jax.tree.map(lambda x: x[:cut, :width] if x.ndim == 2 else x[:cut], batch)
+    return short, jax.tree.map(lambda x: x[cut:], batch)
 
 
 @flax.struct.dataclass
@@ -265,7 +283,9 @@ def make_step_fn(graphdef: Any, config: UpdateConfig,
     With ``prefixes`` (the batch then has ``prefix_index``), the shared prefixes run once per
     step, before the micro-batches, which gather them by row; their gradients are summed
     over the micro-batches and taken back through the prefixes once (exact: the same
-    gradient as every row running its own copy).
+    gradient as every row running its own copy). A ``TrainBatch`` with ``short_width`` runs
+    its longest rows as the last micro-batch at the full width and the others at that width
+    (``long_rows_apart``).
     """
     role = "actor" if objective is actor_objective else "critic"
     optimizer = optimizer or make_optimizer(config)
@@ -280,7 +300,12 @@ def make_step_fn(graphdef: Any, config: UpdateConfig,
     def step(params, rest, opt_state, batch, learning_rate, prefixes=None):
         if mesh is not None:
             batch = jax.lax.with_sharding_constraint(batch, batch_sharding(mesh))
-        micro = jax.tree.map(lambda x: interleave(x, num_micro), batch)
+        width, long_rows = batch.input_ids.shape[1], None
+        if getattr(batch, "short_width", None) is not None:  # (a TrainBatch's option)
+            if num_micro < 2:
+                raise ValueError("update: short_width needs micro_batches >= 2")
+            batch, long_rows = long_rows_apart(batch, num_micro)
+        micro = jax.tree.map(lambda x: interleave(x, num_micro - (long_rows is not None)), batch)
         shared = pull_back = None
         if prefixes is not None:
             shared, pull_back = jax.vjp(
@@ -297,11 +322,14 @@ def make_step_fn(graphdef: Any, config: UpdateConfig,
             params, rest, jax.tree.map(lambda x: x[0], micro), shared, prefixes))
         init = (zeros, jax.tree.map(jnp.zeros_like, shared), jnp.zeros((), jnp.float32),
                 jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums0))
-        (grads, g_shared, den, sums), _ = jax.lax.scan(accumulate, init, micro)
+        carry, _ = jax.lax.scan(accumulate, init, micro)
+        if long_rows is not None:
+            carry, _ = accumulate(carry, long_rows)
+        grads, g_shared, den, sums = carry
         if prefixes is not None:
             grads = jax.tree.map(jnp.add, grads, pull_back(g_shared)[0])
         if config.loss_agg_mode == "seq-mean-token-sum-norm":
-            den = den / num_micro  # a constant horizon, not a count: do not add it up
+            den = jnp.float32(width)  # a constant horizon, not a count: do not add it up
         grads = jax.tree.map(lambda g: (g / jnp.maximum(den, 1e-8)).astype(g.dtype), grads)
         grad_norm = optax.global_norm(grads)
         updates, new_opt_state = optimizer.update(grads, opt_state, params)

@@ -14,7 +14,7 @@ from flax import nnx
 
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
 from ragen_jax.sharding import make_mesh
-from ragen_jax.starpo.rows import after_prefix, build_step_batch, group_prefix_lengths
+from ragen_jax.starpo.rows import after_prefix, build_step_batch, group_prefix_lengths, short_width
 from ragen_jax.starpo.step import make_update
 from ragen_jax.starpo.token_scores import token_logprobs
 from tests.starpo.test_step import CFG, build, copy, settings
@@ -148,3 +148,38 @@ def test_update_is_the_same_at_a_tighter_row_width():
     new_a, m_a = update(copy(state), wide)
     new_b, m_b = update(copy(state), tight)
     assert_same_update((new_a, m_a), (new_b, m_b))
+
+
+def test_short_width_by_hand():
+    # 2 mini-batches of 8 (rows i, i + 2, ...), 4 micro-batches: 6 rows each must fit.
+    lengths = np.array([3, 30, 5, 9, 7, 4, 6, 40, 2, 5, 33, 6, 8, 7, 1, 3])
+    # mini-batch 0: 3 5 7 6 2 33 8 1 -> 6th shortest 7; mini-batch 1: 30 9 4 40 5 6 7 3 -> 9
+    assert short_width(lengths, 8, 4, 8, 40) == 16
+    assert short_width(lengths, 8, 4, 4, 40) == 12
+    assert short_width(lengths, 8, 4, 16, 48) == 16
+    assert short_width(lengths, 8, 4, 16, 16) is None  # no narrower than the rows already are
+    assert short_width(lengths, 8, 1, 8, 40) is None  # one micro-batch: nothing to set apart
+    assert short_width(lengths, 16, 2, 8, 40) == 8  # one mini-batch, 8 rows must fit: the 8th shortest is 6
+    assert short_width(lengths, 16, 8, 8, 40) == 32  # 14 rows must fit: the 14th shortest is 30
+
+
+def test_update_with_long_rows_apart_equals_the_update_without():
+    """The trainer's path: ``build_step_batch(long_rows_apart=True)`` marks the narrower width
+    (a few long rows), and the update (2 micro-batches, shared prefixes) equals the one
+    without it."""
+    s = settings("grpo", critic=False, recompute=True)
+    _, networks, state = build(s)
+    batch = rollout_like(2)
+    lengths = batch.attention_mask.sum(1)
+    batch.attention_mask[lengths.argsort()[:4]] &= np.arange(32)[None] < 20  # four short rows
+    batch.loss_mask *= batch.attention_mask
+    kw = dict(group_offset=0, mini_batch_size=8, pad_multiple=8, group_buckets=np.array([0, 1]),
+              mesh=make_mesh((1, 1, 1)), share_prefixes=True, micro_batches=2)
+    keep, weights = np.ones(2, bool), np.ones(8, np.float32)
+    whole = build_step_batch(batch, keep, weights, rng=np.random.default_rng(0), **kw)
+    apart = build_step_batch(batch, keep, weights, rng=np.random.default_rng(0),
+                             long_rows_apart=True, **kw)
+    assert whole.short_width is None
+    assert apart.short_width is not None and apart.short_width < apart.input_ids.shape[1]
+    update = make_update(s, networks)
+    assert_same_update(update(copy(state), whole), update(copy(state), apart))
