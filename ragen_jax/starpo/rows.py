@@ -23,7 +23,7 @@ from ragen_jax import distributed as dist
 from ragen_jax.rollout.agent import RolloutBatch
 from ragen_jax.rollout.sampler import bucket_length
 from ragen_jax.starpo.step import SAMPLE_UNITS, Episodes, StepBatch
-from ragen_jax.starpo.update import Prefixes
+from ragen_jax.starpo.update import Prefixes, interleave
 
 
 def select_rows(keep_groups: np.ndarray, group_ids: np.ndarray, multiple: int,
@@ -156,17 +156,12 @@ def short_width(lengths: np.ndarray, mini_batch_size: int, micro_batches: int,
     """The width (a multiple of ``pad_multiple``) that holds, in every mini-batch, all rows
     but its longest ``mini_batch_size / micro_batches`` (``update.long_rows_apart``), given
     the rows' lengths ``[B]``; None when that is not narrower than the rows' ``width`` or
-    there is a single micro-batch. Mini-batch ``i`` holds rows ``i, i + n, ...`` of the ``n``
-    (``update.interleave``)."""
+    there is a single micro-batch. The mini-batches are the update's (``update.interleave``)."""
     if micro_batches < 2 or lengths.size == 0:
         return None
-
-    def rounded(n: int) -> int:
-        return max(pad_multiple, -(-int(n) // pad_multiple) * pad_multiple)
-
-    parts = lengths.reshape(-1, lengths.size // mini_batch_size).T  # [mini-batches, rows]
+    parts = interleave(lengths, lengths.size // mini_batch_size)  # [mini-batches, rows]
     short = mini_batch_size - mini_batch_size // micro_batches
-    narrow = rounded(np.sort(parts, axis=1)[:, short - 1].max())
+    narrow = bucket_length(np.sort(parts, axis=1)[:, short - 1].max(), pad_multiple, pad_multiple)
     return narrow if narrow < width else None
 
 
