@@ -68,5 +68,11 @@ class CheckpointStore:
         self.manager.close()
 
 
+def abstract(tree: Any) -> Any:
+    """``tree`` with each array replaced by its shape, dtype and sharding: a restore target
+    that holds no device memory, so the arrays it was made from can be freed first."""
+    return jax.tree.map(_abstract, tree)
+
+
 def _abstract(x: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))

@@ -30,7 +30,7 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from ragen_jax import distributed as dist
-from ragen_jax.checkpoint import CheckpointStore
+from ragen_jax.checkpoint import CheckpointStore, abstract
 from ragen_jax.collapse_monitor import KINDS, CollapseMonitor
 from ragen_jax.config import use_run_snapshot
 from ragen_jax.early_stopping import Streaks, early_stop_reason
@@ -338,8 +338,11 @@ class Trainer:
         last = self.store.latest_step()
         if last is None:
             return False
-        items, meta = self.store.restore(last, {"actor": self.state.actor,
-                                                "state": self.state.replace(actor=None)})
+        like = abstract({"actor": self.state.actor, "state": self.state.replace(actor=None)})
+        # The step-0 state is freed before the checkpoint's arrays arrive: holding both, then
+        # freeing one, left a 1.5B run's GPU memory too fragmented for its update's buffer.
+        self.state = None
+        items, meta = self.store.restore(last, like)
         self.state = items["state"].replace(actor=items["actor"])
         self.streaks = Streaks(**meta["streaks"])
         self.monitor.ema = dict(meta["collapse_ema"])

