@@ -35,7 +35,10 @@ def get_config(preset: str = "tiny"):
         # drifted to one move a turn and stalled (a rerun of seed 0 here with 8 update passes
         # instead of 4, not bit-equal, stalled as well: that seed's path is fragile either way).
         c.rollout.group_size = 16
-        c.actor.ppo_mini_batch_size = c.rollout.env_groups * c.rollout.group_size * c.rollout.max_turn
+        # RAGEN's four optimizer steps a rollout: the batch's turn rows (at most 8 x 16 x 5)
+        # in four mini-batches. Measured, 3 seeds, 200 steps each: +16.0 points [+8.2, +21.1]
+        # against +14.7 and +12.9 for the same seeds in one mini-batch, at the same step cost.
+        c.actor.ppo_mini_batch_size = c.rollout.env_groups * c.rollout.group_size * c.rollout.max_turn // 4
         # A turn row is ~65 tokens after the shared system line: cut rows at a multiple of 16
         # (width 80, not 128). Exact; measured: the update 1.3 s a step against 2.2 s.
         c.actor.pad_multiple = 16
