@@ -22,10 +22,10 @@ def get_config(preset: str = "tiny"):
         c.warmstart.turn_system_prompt = True
         # The board is the whole state (Sokoban is fully observable): each turn shows the
         # system line and the current board only (RAGEN's limited_multi_turn, k=1), the
-        # prompts the rows above trained on, and trains one row per turn, all of a batch's
-        # turns (128 episodes x at most 5) in one optimizer step. Whole transcripts:
+        # prompts the rows above trained on, and trains one row per turn (128 episodes x at
+        # most 5 a batch, in the mini-batches below). Whole transcripts, RAGEN's 4 x 32 rows:
         # --config.rollout.context_window=full --config.rollout.window_turns=0
-        # --config.algorithm.sample_unit=trajectory --config.actor.ppo_mini_batch_size=128
+        # --config.algorithm.sample_unit=trajectory --config.actor.ppo_mini_batch_size=32
         c.rollout.context_window = "limited"
         c.rollout.window_turns = 1
         c.algorithm.sample_unit = "turn"
