@@ -13,21 +13,15 @@ template and ``generation_config.json`` are Qwen2.5-Instruct's, built in code
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
-
-import jax.numpy as jnp
-from flax import nnx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "experiments"))
 sys.path.insert(0, str(ROOT / "tests"))
 from bench_update import model_config  # noqa: E402
-from qwen25_folder import ENDOFTEXT, GENERATION_CONFIG, IM_END, qwen25_tokenizer  # noqa: E402
-
-from ragen_jax.models import Qwen2ForCausalLM, save_pretrained  # noqa: E402
+from qwen25_folder import ENDOFTEXT, IM_END, write_model  # noqa: E402
 
 
 def main() -> None:
@@ -38,10 +32,7 @@ def main() -> None:
     args = p.parse_args()
     t0 = time.perf_counter()
     config = model_config(args.size, bos_token_id=ENDOFTEXT, eos_token_id=IM_END)
-    model = Qwen2ForCausalLM(config, rngs=nnx.Rngs(args.seed))
-    save_pretrained(model, args.out, dtype=jnp.bfloat16)
-    qwen25_tokenizer().save_pretrained(str(args.out))
-    (args.out / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2))
+    write_model(args.out, config, seed=args.seed)
     print(f"wrote {args.out} ({args.size}, random bf16 weights) in {time.perf_counter() - t0:.1f} s")
 
 

@@ -93,10 +93,23 @@ def qwen25_tokenizer():
     return tok
 
 
+def write_model(path: Path, config, *, seed: int = 0) -> Path:
+    """Random weights of ``config`` (a ``QwenConfig``) as bf16 safetensors, with Qwen2.5's
+    tokenizer, chat template and ``generation_config.json``, as transformers 5 saves them."""
+    from ragen_jax.models import Qwen2ForCausalLM, save_pretrained
+
+    path = Path(path)
+    model = Qwen2ForCausalLM(config, rngs=nnx.Rngs(seed))
+    save_pretrained(model, path, dtype=jnp.bfloat16)
+    qwen25_tokenizer().save_pretrained(str(path))
+    (path / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2))
+    return path
+
+
 def write_folder(path: Path, layout: str, *, layers: int = 2, hidden: int = 64,
                  seed: int = 0) -> Path:
     """Writes the stand-in folder in ``layout`` (``hub`` or ``t5``) to ``path``."""
-    from ragen_jax.models import Qwen2ForCausalLM, QwenConfig, save_pretrained
+    from ragen_jax.models import QwenConfig
 
     if layout not in ("hub", "t5"):
         raise ValueError(f"layout must be hub or t5, got {layout!r}")
@@ -105,11 +118,7 @@ def write_folder(path: Path, layout: str, *, layers: int = 2, hidden: int = 64,
                              num_hidden_layers=layers, num_attention_heads=4,
                              num_key_value_heads=2, head_dim=hidden // 4,
                              bos_token_id=ENDOFTEXT, eos_token_id=IM_END)
-    model = Qwen2ForCausalLM(config, rngs=nnx.Rngs(seed))
-    save_pretrained(model, path, dtype=jnp.bfloat16)
-    tok = qwen25_tokenizer()
-    tok.save_pretrained(str(path))
-    (path / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2))
+    write_model(path, config, seed=seed)
     cfg = json.loads((path / "config.json").read_text())
     if layout == "hub":
         cfg.pop("dtype", None)
