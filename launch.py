@@ -37,13 +37,14 @@ def main(argv: list[str]) -> None:
     import jax
 
     from ragen_jax import train
+    from ragen_jax.checkpoint import CheckpointSaveError
     from ragen_jax.models import CheckpointError
 
     if jax.process_index() == 0:
         print(schema.config_for_print(run_config), flush=True)
     try:
         summary = train.run(run_config)
-    except (schema.ConfigError, CheckpointError, FileNotFoundError) as e:
+    except (schema.ConfigError, CheckpointError, CheckpointSaveError, FileNotFoundError) as e:
         raise SystemExit(f"launch.py: {e}") from None
     if jax.process_index() != 0:
         return

@@ -11,11 +11,19 @@ array on its shard; export restores the actor alone). The last ``keep`` checkpoi
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+
+GIB = 2**30
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint could not be written (a full disk, a lost mount); the message says which
+    step, why, and which complete checkpoint a rerun resumes from."""
 
 
 def _flat(tree: Any) -> tuple[dict[str, Any], Any]:
@@ -29,10 +37,14 @@ def _flat(tree: Any) -> tuple[dict[str, Any], Any]:
 class CheckpointStore:
     """``save(step, items, meta)``, ``latest_step()``, ``restore(step, like)`` under ``path``."""
 
-    def __init__(self, path: str | os.PathLike, keep: int = 3):
+    def __init__(self, path: str | os.PathLike, keep: int = 3, *, writer: bool = False):
+        """``writer``: the training run that owns ``path``, which first deletes the temporary
+        folders of saves that never completed (a full disk's leftovers); a reader (export,
+        evaluation of a live run) leaves them, since one may be a save in progress."""
         self.path = Path(path).absolute()
-        self.manager = ocp.CheckpointManager(
-            self.path, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+        self.keep = keep
+        self.manager = ocp.CheckpointManager(self.path, options=ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=True, cleanup_tmp_directories=writer))
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -42,11 +54,41 @@ class CheckpointStore:
 
     def save(self, step: int, items: dict[str, Any], meta: dict[str, Any]) -> None:
         """Writes the checkpoint of ``step`` (``items``: name -> pytree of arrays) and waits
-        until it is on disk."""
+        until it is on disk; a failed write raises ``CheckpointSaveError`` (orbax wrote into a
+        temporary folder, so the last complete checkpoint stays the one a rerun resumes from)."""
         args = {name: ocp.args.StandardSave(_flat(tree)[0]) for name, tree in items.items()}
-        self.manager.save(step, args=ocp.args.Composite(**args, meta=ocp.args.JsonSave(meta)),
-                          force=True)
-        self.manager.wait_until_finished()
+        try:
+            self.manager.save(step, args=ocp.args.Composite(**args, meta=ocp.args.JsonSave(meta)),
+                              force=True)
+            self.manager.wait_until_finished()
+        except Exception as e:  # orbax re-raises its writer threads' errors as they came
+            last = [s for s in self.manager.all_steps() if s != step]
+            resume = f"step {max(last)}" if last else "the start (none is complete)"
+            reason = str(e).splitlines()[0][:300]
+            raise CheckpointSaveError(
+                f"checkpoint of step {step} not written to {self.path} ({type(e).__name__}: "
+                f"{reason}); a rerun resumes from {resume}. Free space there or lower "
+                f"trainer.keep_checkpoints (one checkpoint is {nbytes(items) / GIB:.1f} GiB)") from e
+
+    def space_note(self, size: int) -> str | None:
+        """Checks that the disk under ``path`` can hold this run's checkpoints of ``size``
+        bytes each: raises ``CheckpointSaveError`` if not even one fits; returns a warning
+        when the ``keep`` kept plus the one being written (orbax deletes the oldest after the
+        new one is complete) do not, else None."""
+        where = next(p for p in (self.path, *self.path.parents) if p.exists())
+        free = shutil.disk_usage(where).free
+        kept = len(self.all_steps())
+        need = max(self.keep + 1 - kept, 1) * size
+        sizes = (f"one checkpoint of this run is {size / GIB:.1f} GiB (weights and optimizer "
+                 f"state), {free / GIB:.1f} GiB free under {where}")
+        if free < size:
+            raise CheckpointSaveError(f"trainer.output_dir: {sizes}; choose a folder on a larger "
+                                      "disk")
+        if free < need:
+            return (f"warning: {sizes}: trainer.keep_checkpoints={self.keep} needs "
+                    f"{need / GIB:.1f} GiB more; saves will fail when the disk fills. Lower "
+                    "trainer.keep_checkpoints, raise trainer.save_freq or free space")
+        return None
 
     def restore(self, step: int, like: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """The items named in ``like`` saved at ``step``, each in the structure (and
@@ -66,6 +108,11 @@ class CheckpointStore:
 
     def close(self) -> None:
         self.manager.close()
+
+
+def nbytes(tree: Any) -> int:
+    """Bytes of every array in ``tree`` (global shapes): what a checkpoint of it holds."""
+    return sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(tree) if hasattr(x, "dtype"))
 
 
 def abstract(tree: Any) -> Any:

@@ -30,7 +30,7 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from ragen_jax import distributed as dist
-from ragen_jax.checkpoint import CheckpointStore, abstract
+from ragen_jax.checkpoint import CheckpointStore, abstract, nbytes
 from ragen_jax.collapse_monitor import KINDS, CollapseMonitor
 from ragen_jax.config import use_run_snapshot
 from ragen_jax.early_stopping import Streaks, early_stop_reason
@@ -90,7 +90,8 @@ class Trainer:
         warning = micro_batch_warning(self.plan.step, self.mesh.shape["data"] * self.mesh.shape["fsdp"])
         if warning and self.is_main:
             print(warning, flush=True)
-        self.store = CheckpointStore(self.out / "checkpoints", keep=run.trainer.keep_checkpoints)
+        self.store = CheckpointStore(self.out / "checkpoints", keep=run.trainer.keep_checkpoints,
+                                     writer=True)
         # Resuming: the checkpoint holds every trained weight, so the folder's are not read.
         self.actor = build_actor(run.model, run.seed, self.mesh,
                                  weights=self.store.latest_step() is None)
@@ -331,14 +332,16 @@ class Trainer:
             return
         meta = {"step": self.step, "streaks": dataclasses.asdict(self.streaks),
                 "collapse_ema": self.monitor.ema}
-        self.store.save(self.step, {"actor": self.state.actor,
-                                    "state": self.state.replace(actor=None)}, meta)
+        self.store.save(self.step, self._checkpoint_items(), meta)
+
+    def _checkpoint_items(self) -> dict[str, Any]:
+        return {"actor": self.state.actor, "state": self.state.replace(actor=None)}
 
     def maybe_resume(self) -> bool:
         last = self.store.latest_step()
         if last is None:
             return False
-        like = abstract({"actor": self.state.actor, "state": self.state.replace(actor=None)})
+        like = abstract(self._checkpoint_items())
         # The step-0 state is freed before the checkpoint's arrays arrive: holding both, then
         # freeing one, left a 1.5B run's GPU memory too fragmented for its update's buffer.
         self.state = None
@@ -373,17 +376,23 @@ class Trainer:
         self._stop_signal = signum
 
     def _start(self) -> dict[str, Any]:
-        """Resumes from the last checkpoint, or warm-starts, validates and saves step 0."""
+        """Checks the checkpoints' disk, then resumes from the last checkpoint, or warm-starts,
+        validates and (after a warm-start) saves step 0."""
+        note = self.store.space_note(nbytes(self._checkpoint_items()))
+        if note:
+            self.log(note)
         if self.maybe_resume():
             self.log(f"resumed from {self.store.path}/{self.step}")
             return {"resumed_from": self.step}
         w = self.run.warmstart
-        metrics = self.warmstart() if (w.steps or w.turn_steps or self.run.sft.steps) else {}
+        warmed = bool(w.steps or w.turn_steps or self.run.sft.steps)
+        metrics = self.warmstart() if warmed else {}
         if self.run.trainer.val_before_train:
             self._validate_and_record(metrics)
         metrics["timing_s/elapsed"] = time.perf_counter() - self.created
         self.logger.log(0, metrics)
-        self.save()
+        if warmed:  # an untrained start is rebuilt from the config: its checkpoint only fills the disk
+            self.save()
         return {"resumed_from": None}
 
     def _after_step(self, metrics: dict[str, float], started: float) -> str | None:

@@ -260,6 +260,76 @@ def test_resume_frees_the_step_zero_state_before_reading_the_checkpoint(referenc
     assert _live_bytes() <= before  # the restored state replaces the step-0 one
 
 
+def test_an_untrained_start_saves_no_step_zero_checkpoint(tmp_path):
+    """Step 0 is checkpointed only after a warm-start: a pretrained start is rebuilt from the
+    config, and a 1.5B run's checkpoint (weights, critic, AdamW moments) is ~37 GB of disk."""
+    summary = _run(micro_config(tmp_path, steps=2, extra=("--config.warmstart.steps=0",)))
+    assert summary["step"] == 2
+    assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == [2]
+
+
+def test_a_failed_save_names_the_step_and_the_rerun_resumes_from_the_last_complete(
+        reference_run, tmp_path, monkeypatch):
+    """A save that fails (a full disk on a GPU machine, in orbax's writer thread) stops the run
+    with a message naming the step and the checkpoint a rerun resumes from; the rerun clears
+    the half-written folder and repeats the lost steps exactly."""
+    import orbax.checkpoint as ocp
+
+    from ragen_jax.checkpoint import CheckpointSaveError
+
+    ref_out, _ = reference_run
+    save = ocp.CheckpointManager.save
+
+    def full_disk(manager, step, *args, **kw):
+        if step == 4:
+            junk = manager.directory / "4.orbax-checkpoint-tmp"
+            junk.mkdir()
+            (junk / "part").write_bytes(b"x" * 1000)
+            raise ValueError("RESOURCE_EXHAUSTED: Error writing ...: No space left on device\nmore")
+        return save(manager, step, *args, **kw)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", full_disk)
+    with pytest.raises(CheckpointSaveError) as failed:
+        _run(micro_config(tmp_path))
+    message = str(failed.value)
+    for part in ("checkpoint of step 4 not written", "No space left on device",
+                 "a rerun resumes from step 2", "trainer.keep_checkpoints"):
+        assert part in message, (part, message)
+    assert "\n" not in message
+    monkeypatch.setattr(ocp.CheckpointManager, "save", save)
+    again = _run(micro_config(tmp_path))
+    assert again["resumed_from"] == 2 and again["step"] == 4
+    assert not (tmp_path / "checkpoints" / "4.orbax-checkpoint-tmp").exists()
+    assert _without_timing(read_jsonl(tmp_path / "metrics.jsonl")) == _without_timing(
+        read_jsonl(ref_out / "metrics.jsonl"))
+
+
+def test_a_disk_too_small_for_the_checkpoints_is_named_before_training(tmp_path, monkeypatch):
+    """Checked at the start, not hours later at the first save: no room for one checkpoint is
+    an error naming ``trainer.output_dir``; room for fewer than ``keep_checkpoints`` + 1 (the
+    one being written) is a printed warning naming ``trainer.keep_checkpoints``."""
+    import shutil as shutil_module
+
+    from ragen_jax.checkpoint import CheckpointSaveError, nbytes
+    from ragen_jax.train import Trainer
+
+    trainer = Trainer(micro_config(tmp_path))
+    size = nbytes(trainer._checkpoint_items())
+    assert size >= 3 * sum(x.nbytes for x in jax.tree.leaves(trainer.state.actor))  # + AdamW's moments
+    usage = shutil_module.disk_usage(tmp_path)
+    for free, expect in ((size // 2, "error"), (2 * size, "warning"), (10 * size, None)):
+        monkeypatch.setattr(shutil_module, "disk_usage",
+                            lambda _path, free=free: usage._replace(free=free))
+        if expect == "error":
+            with pytest.raises(CheckpointSaveError, match="trainer.output_dir: one checkpoint"):
+                trainer.store.space_note(size)
+        elif expect == "warning":
+            note = trainer.store.space_note(size)
+            assert "trainer.keep_checkpoints=3 needs" in note and f"{size * 4 / 2**30:.1f} GiB" in note
+        else:
+            assert trainer.store.space_note(size) is None
+
+
 def test_ppo_with_critic_lora_and_kl_runs(tmp_path):
     summary = _run(micro_config(tmp_path, steps=2, estimator="gae", extra=(
         "--config.trainer.val_before_train=False", "--config.model.lora_rank=4",
