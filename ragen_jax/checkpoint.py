@@ -85,9 +85,12 @@ class CheckpointStore:
             raise CheckpointSaveError(f"trainer.output_dir: {sizes}; choose a folder on a larger "
                                       "disk")
         if free < need:
+            fits = free // size + kept - 1  # kept while the next one is written
+            advice = (f"set trainer.keep_checkpoints={fits} or free space" if fits >= 1 else
+                      "even one kept while the next is written does not fit: put "
+                      "trainer.output_dir on a larger disk")
             return (f"warning: {sizes}: trainer.keep_checkpoints={self.keep} needs "
-                    f"{need / GIB:.1f} GiB more; saves will fail when the disk fills. Lower "
-                    "trainer.keep_checkpoints, raise trainer.save_freq or free space")
+                    f"{need / GIB:.1f} GiB of it; saves will fail when the disk fills: {advice}")
         return None
 
     def restore(self, step: int, like: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

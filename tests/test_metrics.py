@@ -200,7 +200,7 @@ def _items(items) -> dict[str, float]:
 
 @pytest.fixture
 def wandb_offline(tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
     home = tmp_path / "wandb_home"
     for var, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONSOLE": "off",
                        "WANDB_DIR": str(home), "WANDB_CONFIG_DIR": str(home / "config"),
@@ -209,7 +209,10 @@ def wandb_offline(tmp_path, monkeypatch):
         monkeypatch.setenv(var, value)
     monkeypatch.delenv("WANDB_RUN_ID", raising=False)
     monkeypatch.delenv("WANDB_RESUME", raising=False)
-    return tmp_path / "run"
+    yield tmp_path / "run"
+    # wandb's service connection and its threads (an asyncio loop, a queue publisher) would
+    # otherwise live on in this xdist worker under every later test's XLA compiles.
+    wandb.teardown()
 
 
 def test_wandb_offline_logs_history_and_a_resumed_run_reuses_the_id(wandb_offline):
