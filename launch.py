@@ -13,6 +13,7 @@ checkpoint there. The environment demo moved to ``python -m ragen_jax.envs.demo`
 
 from __future__ import annotations
 
+import errno
 import sys
 from pathlib import Path
 
@@ -46,6 +47,15 @@ def main(argv: list[str]) -> None:
         summary = train.run(run_config)
     except (schema.ConfigError, CheckpointError, CheckpointSaveError, FileNotFoundError) as e:
         raise SystemExit(f"launch.py: {e}") from None
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        # A log, trajectory or TensorBoard write found the disk full (a checkpoint's own
+        # failure is a CheckpointSaveError above); the run folder's checkpoints are intact.
+        where = e.filename or schema.resolve(run_config).output_dir
+        raise SystemExit(f"launch.py: no space left on device writing {where}; "
+                         "free space there and rerun the same command: it resumes from the "
+                         "last complete checkpoint") from None
     if jax.process_index() != 0:
         return
     out = Path(summary["output_dir"])

@@ -21,6 +21,11 @@ import orbax.checkpoint as ocp
 GIB = 2**30
 
 
+def size_text(n: int) -> str:
+    """``n`` bytes in GiB, or in MiB below a tenth of one (a tiny model's checkpoint)."""
+    return f"{n / GIB:.1f} GiB" if n >= GIB // 10 else f"{n / 2**20:.1f} MiB"
+
+
 class CheckpointSaveError(RuntimeError):
     """A checkpoint could not be written (a full disk, a lost mount); the message says which
     step, why, and which complete checkpoint a rerun resumes from."""
@@ -68,7 +73,7 @@ class CheckpointStore:
             raise CheckpointSaveError(
                 f"checkpoint of step {step} not written to {self.path} ({type(e).__name__}: "
                 f"{reason}); a rerun resumes from {resume}. Free space there or lower "
-                f"trainer.keep_checkpoints (one checkpoint is {nbytes(items) / GIB:.1f} GiB)") from e
+                f"trainer.keep_checkpoints (one checkpoint is {size_text(nbytes(items))})") from e
 
     def space_note(self, size: int) -> str | None:
         """Checks that the disk under ``path`` can hold this run's checkpoints of ``size``
@@ -79,8 +84,8 @@ class CheckpointStore:
         free = shutil.disk_usage(where).free
         kept = len(self.all_steps())
         need = max(self.keep + 1 - kept, 1) * size
-        sizes = (f"one checkpoint of this run is {size / GIB:.1f} GiB (weights and optimizer "
-                 f"state), {free / GIB:.1f} GiB free under {where}")
+        sizes = (f"one checkpoint of this run is {size_text(size)} (weights and optimizer "
+                 f"state), {size_text(free)} free under {where}")
         if free < size:
             raise CheckpointSaveError(f"trainer.output_dir: {sizes}; choose a folder on a larger "
                                       "disk")
@@ -90,7 +95,7 @@ class CheckpointStore:
                       "even one kept while the next is written does not fit: put "
                       "trainer.output_dir on a larger disk")
             return (f"warning: {sizes}: trainer.keep_checkpoints={self.keep} needs "
-                    f"{need / GIB:.1f} GiB of it; saves will fail when the disk fills: {advice}")
+                    f"{size_text(need)} of it; saves will fail when the disk fills: {advice}")
         return None
 
     def restore(self, step: int, like: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

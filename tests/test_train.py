@@ -108,6 +108,24 @@ def test_launch_exits_on_a_crash_that_a_thread_would_hold_open():
     assert "RuntimeError: out of memory, say" in r.stderr
 
 
+def test_launch_on_a_full_disk_is_one_line():
+    """A write that finds the disk full (trajectories, TensorBoard, the metrics log; seen with
+    a run folder on a small disk) ends the run with one line, not an OSError's traceback."""
+    code = ("import errno, runpy, sys\n"
+            "from ragen_jax import train\n"
+            "def full(*args, **kwargs):\n"
+            "    raise OSError(errno.ENOSPC, 'No space left on device', 'runs/x/tb/events')\n"
+            "train.run = full\n"
+            "sys.argv = ['launch.py', '--config', 'configs/bandit.py']\n"
+            "runpy.run_path('launch.py', run_name='__main__')\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [
+        "launch.py: no space left on device writing runs/x/tb/events; free space there and rerun "
+        "the same command: it resumes from the last complete checkpoint"]
+
+
 # -- pure pieces -------------------------------------------------------------------------------
 
 
@@ -310,9 +328,10 @@ def test_a_disk_too_small_for_the_checkpoints_is_named_before_training(tmp_path,
     one being written) is a printed warning naming ``trainer.keep_checkpoints``."""
     import shutil as shutil_module
 
-    from ragen_jax.checkpoint import CheckpointSaveError, nbytes
+    from ragen_jax.checkpoint import CheckpointSaveError, nbytes, size_text
     from ragen_jax.train import Trainer
 
+    assert size_text(34 * 2**30 + 2**29) == "34.5 GiB" and size_text(3 * 2**20) == "3.0 MiB"
     trainer = Trainer(micro_config(tmp_path))
     size = nbytes(trainer._checkpoint_items())
     assert size >= 3 * sum(x.nbytes for x in jax.tree.leaves(trainer.state.actor))  # + AdamW's moments
@@ -326,7 +345,7 @@ def test_a_disk_too_small_for_the_checkpoints_is_named_before_training(tmp_path,
                 trainer.store.space_note(size)
         elif expect is not None:
             note = trainer.store.space_note(size)
-            assert f"trainer.keep_checkpoints=3 needs {size * 4 / 2**30:.1f} GiB" in note
+            assert f"trainer.keep_checkpoints=3 needs {size_text(size * 4)}" in note
             assert expect in note, note
         else:
             assert trainer.store.space_note(size) is None
