@@ -90,20 +90,26 @@ def test_launch_bad_value_is_one_line_naming_the_field():
     assert r.stderr.strip().splitlines() == ["launch.py: rollout.group_size must be >= 1, got 0"]
 
 
+def _launch_with_failing_run(body: str) -> subprocess.CompletedProcess:
+    """``launch.py`` (Bandit preset) in a subprocess whose ``train.run`` runs ``body``."""
+    indented = "".join(f"    {line}\n" for line in body.splitlines())
+    code = ("import runpy, sys\n"
+            "from ragen_jax import train\n"
+            f"def failing(*args, **kwargs):\n{indented}"
+            "train.run = failing\n"
+            "sys.argv = ['launch.py', '--config', 'configs/bandit.py']\n"
+            "runpy.run_path('launch.py', run_name='__main__')\n")
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
 def test_launch_exits_on_a_crash_that_a_thread_would_hold_open():
     """An error out of training prints its traceback and ends the process (exit 1), even when
     something still running would keep the interpreter's shutdown waiting (here a thread that
     never ends; seen on a GPU: the runtime after an out-of-memory error)."""
-    code = ("import runpy, sys, threading\n"
-            "from ragen_jax import train\n"
-            "def crash(*args, **kwargs):\n"
-            "    threading.Thread(target=threading.Event().wait).start()\n"
-            "    raise RuntimeError('out of memory, say')\n"
-            "train.run = crash\n"
-            "sys.argv = ['launch.py', '--config', 'configs/bandit.py']\n"
-            "runpy.run_path('launch.py', run_name='__main__')\n")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120)
+    r = _launch_with_failing_run("import threading\n"
+                                 "threading.Thread(target=threading.Event().wait).start()\n"
+                                 "raise RuntimeError('out of memory, say')")
     assert r.returncode == 1
     assert "RuntimeError: out of memory, say" in r.stderr
 
@@ -111,15 +117,8 @@ def test_launch_exits_on_a_crash_that_a_thread_would_hold_open():
 def test_launch_on_a_full_disk_is_one_line():
     """A write that finds the disk full (trajectories, TensorBoard, the metrics log; seen with
     a run folder on a small disk) ends the run with one line, not an OSError's traceback."""
-    code = ("import errno, runpy, sys\n"
-            "from ragen_jax import train\n"
-            "def full(*args, **kwargs):\n"
-            "    raise OSError(errno.ENOSPC, 'No space left on device', 'runs/x/tb/events')\n"
-            "train.run = full\n"
-            "sys.argv = ['launch.py', '--config', 'configs/bandit.py']\n"
-            "runpy.run_path('launch.py', run_name='__main__')\n")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120)
+    r = _launch_with_failing_run(
+        "import errno\nraise OSError(errno.ENOSPC, 'No space left on device', 'runs/x/tb/events')")
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert r.stderr.strip().splitlines() == [
         "launch.py: no space left on device writing runs/x/tb/events; free space there and rerun "
