@@ -14,6 +14,9 @@ def get_config(preset: str = "tiny"):
     c.env.name = "bandit"
     c.env.params = dict(split="train")
     c.env.val_extra = dict(BanditTest=dict(split="test"))
+    # The training split's few levels (its name pairs x two orders) are all validation levels,
+    # so validation replays them; BanditTest holds the test names out by split.
+    c.rollout.held_out_val = False
     c.rollout.max_turn = 1  # one pull per episode
     c.rollout.max_actions_per_traj = 1
     c.rollout.max_actions_per_turn = 1

@@ -277,7 +277,7 @@ def driver_rate(name: str, kwargs: dict, actions: int, n_envs: int, per_turn: in
     host_env = isinstance(env, HostEnvFamily)
 
     def episode_batch(seed0: int) -> None:
-        states, host, _ = driver.reset(seed0 + np.arange(n_envs))
+        states, host = driver.reset(seed0 + np.arange(n_envs))[:2]
         live, played = set(range(n_envs)), np.zeros(n_envs, int)
         while live:
             turn = {}

@@ -46,7 +46,7 @@ def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutCon
                    episodes: int, seed: int, *, legal_only: bool = False,
                    solver_share: float = 0.0, metrics: dict | None = None,
                    observation_rows: dict | None = None, system_rows: bool = False,
-                   group_size: int = 0) -> dict[str, np.ndarray]:
+                   group_size: int = 0, held_out: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Token arrays (``input_ids``, ``attention_mask``, ``position_ids``, ``loss_mask``,
     ``group_ids``) of about ``episodes`` episodes answered by ``RandomActionPolicy``.
 
@@ -69,9 +69,13 @@ def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutCon
     ``observation_rows``, when given, receives the same episodes' ``turn_observation_rows``
     (each starting with the system message when ``system_rows``). ``group_size`` > 0 sets the
     episodes per level instead (1: every episode on a level of its own, for data whose policy
-    needs no balanced opening, e.g. the solver's rows).
+    needs no balanced opening, e.g. the solver's rows). ``held_out``: level ids
+    (``envs.levels``) the data never plays (the run's validation levels): a seed drawing one
+    is drawn again.
     """
     rollout = AgentRollout(env, env_params, tokenizer, config)
+    if held_out is not None:
+        rollout.hold_out(held_out)
     _, first = rollout.reset_envs(np.zeros(1, np.int64))
     n_actions = max(1, len(env.action_names_for(row_state(first, 0))))  # free text: 0 names
     size = group_size or n_actions

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import signal
 import time
@@ -39,7 +40,13 @@ from ragen_jax.metrics import MetricsLogger, device_memory, make_sinks
 from ragen_jax.models import compute_copy, hf_folder
 from ragen_jax.rollout.agent import AgentRollout, RolloutBatch, RolloutConfig
 from ragen_jax.rollout.batch import padding_fraction
-from ragen_jax.rollout.mix import EnvSlot, collect_train, collect_val, tag_metrics
+from ragen_jax.rollout.mix import (
+    EnvSlot,
+    collect_train,
+    collect_val,
+    tag_metrics,
+    validation_levels,
+)
 from ragen_jax.rollout.sampler import Sampler
 from ragen_jax.schema import (
     ConfigError,
@@ -62,7 +69,7 @@ from ragen_jax.viewer import render_html
 # Rollout metrics that count (summed over processes); the others are per-episode means.
 ROLLOUT_COUNTS = tuple(f"rollout/{k}" for k in (
     "num_trajectories", "num_groups", "tokens", "sampled_tokens", "length_truncated",
-    "truncated", "unplaced_scores", "env_errors", "prompt_tokens", "prefill_tokens"))
+    "truncated", "unplaced_scores", "env_errors", "redrawn_levels", "prompt_tokens", "prefill_tokens"))
 
 # Rollout fields that change no warm-start data (its scripted episodes play levels of their own,
 # in groups of their own size, and RL's windows, batches and validation are not theirs): the
@@ -103,6 +110,12 @@ class Trainer:
                       for spec, (tag, (env, params)) in zip(
                           self.plan.envs, build_envs(run).items(), strict=True)]
         self.rollouts = {slot.tag: slot.rollout for slot in self.slots}
+        # Validation is held out by level, not by seed: training and the prior's data skip
+        # every level a validation env plays (small generators repeat levels across seeds).
+        self.held_out = (validation_levels(self.slots, self.plan.rollout)
+                         if run.rollout.held_out_val else np.zeros(0, np.uint64))
+        for slot in self.slots:
+            slot.rollout.hold_out(self.held_out)
         self.tag = self.slots[0].tag  # the first env's (with one env, the run's)
         # Rollouts are process-local: each process samples its share with a local replica,
         # stored in the compute dtype (the actor holds the float32 master weights).
@@ -272,7 +285,8 @@ class Trainer:
         context = context.replace(f"group_prefix={rollout.group_prefix}, ", "")
         key = sft.cache_key(model=dataclasses.asdict(run.model), env=dataclasses.asdict(run.env),
                             context=context, warmstart=warmstart,
-                            vocab=sorted(self.tokenizer.get_vocab().items()))
+                            vocab=sorted(self.tokenizer.get_vocab().items()),
+                            held_out=hashlib.sha256(np.sort(self.held_out).tobytes()).hexdigest())
         name = "mixed" if run.env.mix else run.env.name
         return sft.cache_dir() / f"warmstart-{name}-{key}"
 
@@ -291,7 +305,7 @@ class Trainer:
             turns.append({} if w.turn_steps else None)
             data = dict(env=slot.rollout.env, env_params=slot.rollout.env_params, tokenizer=self.tokenizer,
                         config=slot.rollout.config, seed=seed, legal_only=w.legal_actions,
-                        episodes=share(w.episodes))
+                        episodes=share(w.episodes), held_out=self.held_out)
             parts.append(warmstart_data(**data, solver_share=w.solver_share, metrics=stats[-1],
                                         observation_rows=None if w.own_turn_data else turns[-1]))
             if w.own_turn_data:  # the single-turn rows' own episodes and form

@@ -161,6 +161,10 @@ class Bandit(TextEnv[EnvState, EnvParams]):
             [2 * state.pair + hi_first, 2 * state.pair + 1 - hi_first, state.pulled]
         ).astype(jnp.int32)
 
+    def level(self, state: EnvState) -> tuple[jax.Array, ...]:
+        """The arm pair and its order."""
+        return state.pair, state.hi_first
+
     def is_terminated(self, state: EnvState, params: EnvParams) -> jax.Array:
         return state.pulled != NOT_PULLED
 

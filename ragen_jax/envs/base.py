@@ -40,6 +40,11 @@ class TextEnv(environment.Environment[TState, TParams], Generic[TState, TParams]
         del state
         return self.action_names
 
+    def level(self, state: TState) -> Any:
+        """The fields of a freshly reset ``state`` that make its level (``envs.levels``: two
+        episodes with equal fields play the same level). Default: the whole state."""
+        return state
+
     def is_truncated(self, state: Any, params: Any) -> jax.Array:
         return state.time >= params.max_steps
 

@@ -176,6 +176,10 @@ class FrozenLake(TextEnv[EnvState, EnvParams]):
         code = jnp.where(here == HOLE, PLAYER_IN_HOLE, jnp.where(here == GOAL, PLAYER_ON_GOAL, PLAYER))
         return grid.at[row, col].set(code.astype(jnp.int8))
 
+    def level(self, state: EnvState) -> tuple[jax.Array, ...]:
+        """The map: holes, start and goal."""
+        return state.holes, state.start, state.goal
+
     def is_terminated(self, state: EnvState, params: EnvParams) -> jax.Array:
         return state.holes[state.player[0], state.player[1]] | jnp.all(state.player == state.goal)
 

@@ -64,6 +64,11 @@ class HostEnv:
         """Plays one action: ``(text, reward, done, info)`` with ``info["success"]``."""
         raise NotImplementedError(f"{self.name} must implement step(action)")
 
+    def level_key(self) -> str | None:
+        """What identifies the level of the episode just reset (``envs.levels``: validation
+        levels are held out of training by it). None (the default): the reset's text."""
+        return None
+
     def random_action(self, rng: np.random.Generator) -> str:
         """A well-formed action in the current state, drawn at random (never a solver): the
         format warm-start's answers. Default: one of ``action_names``."""

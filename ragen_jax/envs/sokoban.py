@@ -223,6 +223,10 @@ class Sokoban(TextEnv[EnvState, EnvParams]):
     def is_terminated(self, state: EnvState, params: EnvParams) -> jax.Array:
         return state.boxes_on_target == self.num_boxes
 
+    def level(self, state: EnvState) -> tuple[jax.Array, ...]:
+        """Room, boxes and player (the rest follows from them)."""
+        return state.room_fixed, state.boxes, state.player
+
     def get_obs(self, state: EnvState, params: EnvParams | None = None, key=None) -> jax.Array:
         """RAGEN's room codes: 0 wall, 1 floor, 2 target, 3 box on target, 4 box, 5 player, 6
         player on target.  # [H, W] int8"""

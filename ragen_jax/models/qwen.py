@@ -275,17 +275,20 @@ class Linear(nnx.Module):
         self.lora_b: nnx.LoRAParam | None = nnx.data(None)  # [out, r]
         self.lora_scale: float = 0.0  # alpha / r
         self.transposed: bool = False  # weight [in, out] instead of [out, in]
+        self.out_dtype: Any = None  # the matmul's result type (None: dtype); the LM head: float32
 
     def __call__(self, x):  # [..., in] -> [..., out]
         x = x.astype(self.dtype)
+        out = self.out_dtype
         y = jnp.einsum("...i,io->...o" if self.transposed else "...i,oi->...o", x,
-                       self.weight[...].astype(self.dtype))
+                       self.weight[...].astype(self.dtype), preferred_element_type=out)
         if self.bias is not None:
-            y = y + self.bias[...].astype(self.dtype)
+            y = y + self.bias[...].astype(y.dtype)
         if self.lora_a is not None:
             h = jnp.einsum("...i,ri->...r", x, self.lora_a[...].astype(self.dtype))  # [..., r]
             y = y + self.lora_scale * jnp.einsum("...r,or->...o", h,
-                                                 self.lora_b[...].astype(self.dtype))
+                                                 self.lora_b[...].astype(self.dtype),
+                                                 preferred_element_type=out)
         return y
 
 
@@ -301,8 +304,11 @@ class Embedding(nnx.Module):
     def __call__(self, tokens):  # [B, T] -> [B, T, E]
         return jnp.take(self.weight[...], tokens, axis=0).astype(self.dtype)
 
-    def attend(self, x):  # [..., E] -> [..., V]
-        return jnp.einsum("...e,ve->...v", x.astype(self.dtype), self.weight[...].astype(self.dtype))
+    def attend(self, x):  # [..., E] -> [..., V] float32
+        # The tied output head: bf16 operands accumulate into float32 logits (as veRL's
+        # float32 log-probs), never rounded to bf16 on the way.
+        return jnp.einsum("...e,ve->...v", x.astype(self.dtype), self.weight[...].astype(self.dtype),
+                          preferred_element_type=jnp.float32)
 
 
 class RMSNorm(nnx.Module):
@@ -770,9 +776,12 @@ def mask_causal(mask: jax.Array) -> jax.Array:
 
 
 def output_head(config: QwenConfig, *, rngs: nnx.Rngs) -> Linear:
-    """An untied model's ``lm_head``: hidden states [.., E] to logits [.., V], no bias."""
-    return Linear(config.hidden_size, config.vocab_size, bias=False, spec=("tensor", "fsdp"),
+    """An untied model's ``lm_head``: hidden states [.., E] to float32 logits [.., V] (bf16
+    operands accumulate into float32, never rounded to bf16), no bias."""
+    head = Linear(config.hidden_size, config.vocab_size, bias=False, spec=("tensor", "fsdp"),
                   config=config, rngs=rngs)
+    head.out_dtype = jnp.float32
+    return head
 
 
 class Qwen2ForCausalLM(nnx.Module):

@@ -105,6 +105,7 @@ class RolloutConfig:
     use_turn_scores: bool = False  # each turn's score on its last token (bi-level GAE)
     train_seed: int = 10000  # first training group seed (RAGEN: 10000)
     val_seed: int = 123  # first validation group seed (RAGEN: 123)
+    held_out_val: bool = True  # training and warm-start data skip every validation level (by level identity, envs.levels); False: validation may replay training levels (RAGEN: seeds only)
     val_groups: int = 256  # validation envs (RAGEN: 512 x 1; V1: 256)
     val_group_size: int = 1  # validation group size (RAGEN: 1)
     val_temperature: float = 0.5  # validation sampling temperature (RAGEN: 0.5)
@@ -272,7 +273,8 @@ class AgentRollout:
 
     def collect(self, policy: Policy, group_seeds: Sequence[int] | np.ndarray, key: jax.Array,
                 *, group_size: int | None = None, reuse_cache: bool = True,
-                sampling: SamplingParams | None = None, row_offset: int = 0) -> RolloutBatch:
+                sampling: SamplingParams | None = None, row_offset: int = 0,
+                held_out: bool = True) -> RolloutBatch:
         """Plays ``len(group_seeds) x group_size`` episodes and returns the batch.
 
         Resets the envs (the rows of group ``g`` from ``group_seeds[g]``), then plays turns
@@ -285,7 +287,8 @@ class AgentRollout:
         which come from ``group_seeds`` only. Each episode draws from ``key`` folded with its
         row index plus ``row_offset``, so a process playing rows ``[offset, offset + n)`` of a
         larger batch plays them exactly as one process playing the whole batch would.
-        ``sampling`` defaults to ``config.sampling()``.
+        ``sampling`` defaults to ``config.sampling()``. ``held_out``: skip the levels given to
+        ``hold_out`` (training and prior data; validation passes False).
         """
         cfg, timer = self.config, _Timer()
         gs = cfg.group_size if group_size is None else int(group_size)
@@ -295,8 +298,10 @@ class AgentRollout:
         k_sample, k_env = jax.random.split(key)
         sp = sampling or cfg.sampling()
         with timer("env_s"):
-            states, host, errors = self.driver.reset(seeds[group_ids])
-        eps = [Episode() for _ in range(group_ids.size)]
+            reset = self.driver.reset(seeds[group_ids], held_out=held_out)
+        states, host, errors = reset.states, reset.host, reset.errors
+        eps = [Episode(level=int(level), redraws=int(n))
+               for level, n in zip(reset.levels, reset.redraws, strict=True)]
         for i, error in errors.items():  # a host env that failed to reset: no turn is played
             eps[i].truncated, eps[i].env_error = True, error
         cache = None
@@ -320,8 +325,17 @@ class AgentRollout:
     def reset_envs(self, seeds: Sequence[int] | np.ndarray) -> tuple[Any, Any]:
         """One env per seed (a JAX env reset from ``jax.random.key(seed)``, a host env from
         ``seed``): ``(states, host copy)``."""
-        states, host, _ = self.driver.reset(seeds)
-        return states, host
+        reset = self.driver.reset(seeds)
+        return reset.states, reset.host
+
+    def hold_out(self, ids: np.ndarray) -> None:
+        """Every later reset skips the levels ``ids`` (``EnvDriver.hold_out``)."""
+        self.driver.hold_out(ids)
+
+    def level_ids(self, seeds: Sequence[int] | np.ndarray, *, held_out: bool = True) -> np.ndarray:
+        """``[N] uint64``: the level id of each seed's reset (after any held-out redraws if
+        ``held_out``; 0 where a host env's reset failed)."""
+        return self.driver.reset(seeds, held_out=held_out).levels
 
     # -- the phases of a turn ------------------------------------------------------------------
 

@@ -56,6 +56,8 @@ class Episode:
     num_effective: int = 0  # of which changed the state
     emitted_eot: bool = True  # the last answer ended with the end-of-turn token (else inserted)
     env_error: str = ""  # why a host env failed (raised, timed out) and ended the episode
+    level: int = 0  # the level's id (envs.levels; 0: its reset failed)
+    redraws: int = 0  # times its level was drawn again for being a held-out (validation) level
     turns: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # per-turn records
     messages: list[dict[str, str]] = dataclasses.field(default_factory=list)  # the chat
     system: str = ""  # the system message
@@ -294,7 +296,7 @@ def _trajectory_record(b: int, ep: Episode, batch: RolloutBatch, final_state: st
         "tag": tag, "messages": ep.messages, "turns": ep.turns,
         "final_state": final_state, "success": ep.success, "terminated": ep.terminated,
         "truncated": ep.truncated, "length_truncated": ep.length_truncated,
-        "num_actions": ep.num_actions, "env_error": ep.env_error,
+        "num_actions": ep.num_actions, "env_error": ep.env_error, "level": f"{ep.level:016x}",
         "episodic_return": float(batch.episodic_return[b]),
         "score": float(batch.scores[b]), "num_tokens": ep.length,
     }
@@ -330,9 +332,12 @@ def rollout_metrics(eps: Sequence[Episode], batch: RolloutBatch, *, tag: str,
         f"{tag}/response_length_per_turn": float(resp.sum() / max(len(turns), 1)),
         f"{tag}/episodic_return": f(batch.episodic_return),
         f"{tag}/score": f(batch.scores),
+        # Distinct levels among the episodes (groups share one): a seed range is not a level set.
+        f"{tag}/distinct_levels": float(len({ep.level for ep in eps if ep.level})),
         "rollout/length_truncated": float(sum(ep.length_truncated for ep in eps)),
         "rollout/truncated": float(sum(ep.truncated for ep in eps)),
         "rollout/env_errors": float(sum(bool(ep.env_error) for ep in eps)),
+        "rollout/redrawn_levels": float(sum(ep.redraws > 0 for ep in eps)),
         "rollout/num_trajectories": float(len(eps)),
         "rollout/num_groups": float(len(set(batch.group_ids.tolist()))),
         "rollout/tokens": float(sum(ep.length for ep in eps)),

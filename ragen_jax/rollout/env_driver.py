@@ -43,13 +43,33 @@ class StepOutcome(NamedTuple):
     errors: dict[int, str]  # row -> why its env failed (host envs); the episode ends there
 
 
-class EnvDriver(Protocol):
-    """Resets and steps one batch of envs (one row per episode)."""
+class ResetOutcome(NamedTuple):
+    """A batch reset: ``row_state(host, b)`` is row ``b``'s state for rendering and policies;
+    ``errors`` maps a row whose reset failed to the reason (its episode ends before it starts);
+    ``levels`` are the rows' level ids (``envs.levels``; 0 for a failed reset) and ``redraws``
+    how many times each row's level was drawn again because it was a held-out one."""
 
-    def reset(self, seeds: np.ndarray) -> tuple[Any, Any, dict[int, str]]:
-        """One env per seed: ``(states, host view, errors)``; ``row_state(host view, b)`` is
-        row ``b``'s state for rendering and policies; ``errors`` maps a row whose reset failed
-        to the reason (its episode ends before it starts)."""
+    states: Any
+    host: Any
+    errors: dict[int, str]
+    levels: np.ndarray  # [N] uint64
+    redraws: np.ndarray  # [N] int32
+
+
+class EnvDriver(Protocol):
+    """Resets and steps one batch of envs (one row per episode).
+
+    ``hold_out(ids)`` makes later resets skip the levels in ``ids`` (the run's validation
+    levels, for training and prior data; a validation reset passes ``held_out=False``): a seed
+    whose level is one of them is drawn again (deterministically, so a group's rows still share
+    a level) until it is not."""
+
+    def hold_out(self, ids: np.ndarray) -> None:
+        ...
+
+    def reset(self, seeds: np.ndarray, *, held_out: bool = True) -> ResetOutcome:
+        """One env per seed (see ``ResetOutcome``), skipping the held-out levels if
+        ``held_out``."""
         ...
 
     def step(self, states: Any, actions: dict[int, TurnActions],
@@ -110,6 +130,48 @@ def env_functions(env: Any) -> tuple[Callable, Callable]:
     return reset, step_turn
 
 
+_HELD_OUT_RESETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def held_out_reset(env: Any) -> Callable:
+    """``reset(keys[N], params, held_out[M, 2]) -> (states, level lanes[N, 2], redraws[N],
+    stuck[N])`` for ``env``, batched and jitted (cached per env): each row reset from its key,
+    then, while its level is one of ``held_out`` (``envs.levels.level_hash`` lanes), from its
+    key folded with the redraw count, at most ``levels.MAX_DRAWS`` times (``stuck``: still
+    held out after them). Draw 0 is the plain reset, so levels that are not held out are
+    exactly ``env_functions``' levels; with no held-out level the loop never runs."""
+    from ragen_jax.envs import levels  # here: importing ragen_jax.envs starts JAX's backend
+
+    if env in _HELD_OUT_RESETS:
+        return _HELD_OUT_RESETS[env]
+
+    def one(key, params, held_out):
+        def draw(i):
+            _, state = env.reset_env(jax.random.fold_in(key, i), params)
+            return state, levels.level_hash(env, state)
+
+        def is_held_out(lanes):
+            return jnp.any(jnp.all(held_out == lanes, axis=-1))
+
+        _, state = env.reset_env(key, params)
+        lanes = levels.level_hash(env, state)
+
+        def cond(carry):
+            i, _, lanes = carry
+            return is_held_out(lanes) & (i < levels.MAX_DRAWS)
+
+        def body(carry):
+            i = carry[0] + 1
+            return (i, *draw(i))
+
+        i, state, lanes = jax.lax.while_loop(cond, body, (jnp.int32(0), state, lanes))
+        return state, lanes, i, is_held_out(lanes)
+
+    fn = jax.jit(jax.vmap(one, in_axes=(0, None, None)))
+    _HELD_OUT_RESETS[env] = fn
+    return fn
+
+
 def row_state(states: Any, row: int) -> Any:
     """Row ``row`` of a batched env-state pytree (host numpy arrays: an unbatched state; a
     host env's object array: its ``HostState``)."""
@@ -122,14 +184,29 @@ class JaxEnvDriver:
 
     def __init__(self, env: Any, env_params: Any, max_actions_per_turn: int):
         self.env, self.env_params = env, env_params
-        self._reset, self._step_turn = env_functions(env)
+        _, self._step_turn = env_functions(env)
+        self._reset = held_out_reset(env)
         self.width = int(max_actions_per_turn)
+        self.held_out = jnp.zeros((0, 2), jnp.uint32)
 
-    def reset(self, seeds: Sequence[int] | np.ndarray) -> tuple[Any, Any, dict[int, str]]:
-        """Each env reset from ``jax.random.key(seed)``."""
+    def hold_out(self, ids: np.ndarray) -> None:
+        from ragen_jax.envs import levels
+
+        self.held_out = jnp.asarray(levels.as_lanes(np.unique(np.asarray(ids, np.uint64))))
+
+    def reset(self, seeds: Sequence[int] | np.ndarray, *, held_out: bool = True) -> ResetOutcome:
+        """Each env reset from ``jax.random.key(seed)`` (a held-out level: from the key folded
+        with 1, 2, ... until it is not one, on device)."""
+        from ragen_jax.envs import levels
+
         keys = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
-        _, states = self._reset(keys, self.env_params)
-        return states, jax.device_get(states), {}
+        states, lanes, draws, stuck = self._reset(keys, self.env_params,
+                                                  self.held_out if held_out else self.held_out[:0])
+        lanes, draws, stuck = jax.device_get((lanes, draws, stuck))
+        if stuck.any():
+            raise levels.held_out_error(self.env.name, np.asarray(seeds)[stuck])
+        return ResetOutcome(states, jax.device_get(states), {}, levels.as_uint64(lanes),
+                            draws.astype(np.int32))
 
     def step(self, states: Any, actions: dict[int, TurnActions],
              keys: jax.Array) -> tuple[Any, Any, StepOutcome]:

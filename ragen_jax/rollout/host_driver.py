@@ -33,8 +33,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from ragen_jax.envs import levels
 from ragen_jax.envs.host import HostEnv, HostEnvFamily, HostState
-from ragen_jax.rollout.env_driver import StepOutcome, TurnActions
+from ragen_jax.rollout.env_driver import ResetOutcome, StepOutcome, TurnActions
 
 MAX_ERROR_CHARS = 500  # an error text is cut to this many characters
 
@@ -186,42 +187,61 @@ class HostEnvDriver:
         self.family = family
         self.instances: list[HostEnv | None] = []
         self.runner = CallRunner(family.workers, family.step_timeout)
+        self.held_out: frozenset[int] = frozenset()
 
-    def reset(self, seeds: Sequence[int] | np.ndarray) -> tuple[Any, Any, dict[int, str]]:
-        """Row ``b`` reset with ``seeds[b]``; states are ``HostState``s (an object array)."""
+    def hold_out(self, ids: np.ndarray) -> None:
+        self.held_out = frozenset(int(i) for i in np.asarray(ids, np.uint64).reshape(-1))
+
+    def reset(self, seeds: Sequence[int] | np.ndarray, *, held_out: bool = True) -> ResetOutcome:
+        """Row ``b`` reset with ``seeds[b]``; states are ``HostState``s (an object array). A
+        row whose level is held out is reset again with ``levels.redraw_seed(seed, 1)``, 2, ...
+        until it is not (the rows still held out after ``levels.MAX_DRAWS``: an error)."""
         seeds = [int(s) for s in np.asarray(seeds).reshape(-1)]
         while len(self.instances) < len(seeds):
             self.instances.append(None)
-
-        def reset_one(env: HostEnv | None, seed: int) -> Call:
-            # Building a missing instance is part of the call: a factory that raises or hangs
-            # costs the episode (under the same timeout), as a reset that does.
-            def call(mark: Callable[[], None]) -> tuple[HostEnv, str, tuple[str, ...]]:
-                mark()
-                nonlocal env
-                if env is None:
-                    env = self.family.factory()
-                    if not isinstance(env, HostEnv):
-                        raise TypeError(f"the env factory built a {type(env).__name__}, not a HostEnv")
-                text = env.reset(seed)
-                if not isinstance(text, str):
-                    raise TypeError(f"reset returned a {type(text).__name__}, not a str")
-                return env, text, _names(env)
-            return call
-
-        results = self.runner.run([reset_one(self.instances[b], s) for b, s in enumerate(seeds)])
-        states = np.empty(len(seeds), object)
-        errors = {}
-        for b, (value, error) in enumerate(results):
-            if error:
-                errors[b] = f"reset: {error}"
-                self.instances[b] = None
-                states[b] = HostState("", (), None)
-            else:
-                env, text, names = value
+        n = len(seeds)
+        states = np.empty(n, object)
+        ids, redraws, errors = np.zeros(n, np.uint64), np.zeros(n, np.int32), {}
+        rows = list(range(n))
+        for draw in range(levels.MAX_DRAWS + 1):
+            calls = [self._reset_call(self.instances[b], levels.redraw_seed(seeds[b], draw)) for b in rows]
+            again = []
+            for b, (value, error) in zip(rows, self.runner.run(calls), strict=True):
+                redraws[b] = draw
+                if error:
+                    errors[b] = f"reset: {error}"
+                    self.instances[b] = None
+                    states[b] = HostState("", (), None)
+                    continue
+                env, text, names, key = value
                 self.instances[b] = env
                 states[b] = HostState(text, names, env)
-        return states, states, errors
+                ids[b] = levels.text_level_id(key)
+                if held_out and int(ids[b]) in self.held_out:
+                    again.append(b)
+            rows = again
+            if not rows:
+                break
+        if rows:
+            raise levels.held_out_error(self.family.name, [seeds[b] for b in rows])
+        return ResetOutcome(states, states, errors, ids, redraws)
+
+    def _reset_call(self, env: HostEnv | None, seed: int) -> Call:
+        # Building a missing instance is part of the call: a factory that raises or hangs
+        # costs the episode (under the same timeout), as a reset that does.
+        def call(mark: Callable[[], None]) -> tuple[HostEnv, str, tuple[str, ...], str]:
+            mark()
+            nonlocal env
+            if env is None:
+                env = self.family.factory()
+                if not isinstance(env, HostEnv):
+                    raise TypeError(f"the env factory built a {type(env).__name__}, not a HostEnv")
+            text = env.reset(seed)
+            if not isinstance(text, str):
+                raise TypeError(f"reset returned a {type(text).__name__}, not a str")
+            key = env.level_key()
+            return env, text, _names(env), text if key is None else str(key)
+        return call
 
     def step(self, states: Any, actions: dict[int, TurnActions],
              keys: jax.Array) -> tuple[Any, Any, StepOutcome]:

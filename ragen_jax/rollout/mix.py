@@ -85,9 +85,18 @@ def collect_val(slots: Sequence[EnvSlot], policy: Any, config: RolloutConfig,
             batches.append(slot.rollout.collect(
                 policy, seeds[part], val_key(i), group_size=config.val_group_size,
                 sampling=slot.rollout.config.val_sampling(),
-                row_offset=part.start * config.val_group_size))
+                row_offset=part.start * config.val_group_size, held_out=False))
             tags.append(i)
     return concat_batches(batches, tags)
+
+
+def validation_levels(slots: Sequence[EnvSlot], config: RolloutConfig) -> np.ndarray:
+    """``[N] uint64``: the distinct level ids of every slot's validation levels (the seeds
+    ``collect_val`` plays): what the training stream and the prior's data hold out."""
+    ids = [slot.rollout.level_ids(config.val_seed + np.arange(slot.val_groups), held_out=False)
+           for slot in slots if slot.val_groups]
+    ids = np.concatenate(ids) if ids else np.zeros(0, np.uint64)
+    return np.unique(ids[ids != 0])
 
 
 def tag_metrics(metrics: dict[str, float], tags: Sequence[str], prefix: str) -> dict[str, float]:

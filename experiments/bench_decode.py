@@ -1,0 +1,715 @@
+"""Greedy decode against the memory-bandwidth bound, under several XLA flag sets (issue 55).
+
+Random Qwen2.5-shaped weights (real 151,936-token vocabulary, ``--sizes``), the sampler on
+the bf16 ``compute_copy``, ``--prompt`` random prompt tokens and exactly ``--new`` new tokens
+(no stop token), batch ``--batches``. What each number means:
+
+1. **Bandwidth ceiling** (GB/s): a jitted sum over a ``--bandwidth-gib`` GiB float32 array
+   (``bench_peers.memory_bandwidth``), measured once, in the first flag set's process. It is
+   the rate at which a decode step can at best read its bytes.
+2. **Decode ms per token-step**: the best of ``--repeats`` warm ``Sampler`` calls that decode
+   ``--new`` steps, minus the best of the same calls cut to one step (per-row ``max_new`` of
+   1: the same compiled program, prefill included in both), over ``--new - 1``. **Bound ms**
+   is the time to read every bf16 weight once plus the keys and values of all
+   ``prompt + new`` cache slots of every row at the measured bandwidth (as
+   ``bench_accelerator``); **bound / measured** is the fraction of that ceiling the decode
+   reaches (1.0 = bandwidth-bound).
+3. **Flag sets**: each set of ``XLA_FLAGS`` (``FLAGSETS``: by default ``default``;
+   ``cmdbuf_while``, command buffers extended to the decode while-loop; ``cublas_gemm``,
+   every GEMM on cuBLAS) runs the same measurements in its own process (flags are read when
+   JAX starts), one after another on the same chip, so the ratios between sets are fair. A
+   process that fails (an unknown flag aborts XLA at start) or runs past its timeout is a
+   row saying so; the rest still run, and sets that no longer fit ``--budget-s`` are rows
+   saying skipped. **vs default** is the default set's decode ms over this set's.
+4. **Kernels per token-step**: the optimized HLO of the sampler's compiled program
+   (``generate_jit(...).lower(...).compile().as_text()``, the program the calls above ran).
+   The decode loop is its largest ``while``; counted are the instructions of that loop's
+   body that run as work on the device: fusions, library calls (cuBLAS gemms, other custom
+   calls), copies, sorts and the like; parameters, tuples, get-tuple-elements, constants and
+   bitcasts are free. On a GPU each counted instruction is one kernel launch, unless it sits
+   in a command buffer (a ``call`` to a ``command_buffer`` computation: one CUDA graph
+   launch for all of it). **Host launches** counts a command buffer as one launch; **while
+   in graph** says that the whole loop is one command buffer (loop on the device, no host
+   round trip per step). The loop condition (its own kernels, then a copy of the predicate
+   to the host each step unless the loop is in a graph) is counted apart.
+5. **Trace** (``--trace-flagsets``, batch ``--trace-batch``): ``jax.profiler.trace`` of
+   ``--trace-calls`` warm calls of ``--trace-steps`` decode steps and one 1-step call, each
+   inside a ``TraceAnnotation``; the Perfetto JSON is read back with ``json``/``gzip``. Per
+   token-step (full calls minus the 1-step call): kernels, traced ms, and the GPU-busy time
+   (union of kernel and memcpy intervals); **GPU idle** is one minus busy over traced time.
+   Top kernels by total time over the full calls. XLA turns command buffers off while a
+   profiler runs (``xla_enable_command_buffers_during_profiling``), so the trace shows
+   every kernel launched on its own: traced ms per step can exceed the untraced one.
+
+Run from the repository root (the parent never imports JAX: each flag set is this script
+again with ``--worker``). Prints the markdown report, writes it to ``--out`` and copies the
+children's logs, JSON, the traced batch's optimized HLO and the Perfetto trace to
+``bench_decode_files/`` next to it:
+
+    PYTHONPATH=. python experiments/bench_decode.py --out /tmp/bench_decode.md
+    PYTHONPATH=. python experiments/bench_decode.py --sizes smoke --batches 1,2 --new 8 \\
+        --prompt 32 --flagsets default --bandwidth-gib 0.25 --trace-batch 2 --trace-steps 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+FLAGSETS = {
+    "default": "",
+    # Command buffers (CUDA graphs) for the default command types plus loops and branches:
+    # the decode while-loop becomes one graph with a conditional node (needs CUDA >= 12.3).
+    "cmdbuf_while": "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL "
+                    "--xla_gpu_graph_min_graph_size=1",
+    # The same with every command type named (no defaults relied on).
+    "cmdbuf_all": "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,"
+                  "DYNAMIC_SLICE_FUSION,CONDITIONAL,WHILE --xla_gpu_graph_min_graph_size=1",
+    # Every GEMM to cuBLAS instead of Triton GEMM fusions (as NVIDIA's JAX-Toolbox images set
+    # it): a decode step's matmuls have M = batch rows, where the two libraries differ most.
+    "cublas_gemm": "--xla_gpu_enable_triton_gemm=false",
+    # No command buffers at all: what the default ones buy.
+    "no_cmdbuf": "--xla_gpu_enable_command_buffer=",
+    # The same flags as default in a second process: the run-to-run noise between processes.
+    "default_again": "",
+}
+
+FREE_OPS = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast", "after-all",
+            "add-dependency", "opt-barrier", "domain", "async-update", "async-done"}
+ANNOTATION = "bench_decode_"
+
+
+# ----------------------------------------------------------------------------------------------
+# optimized HLO: kernels of the decode loop (pure text, no JAX)
+# ----------------------------------------------------------------------------------------------
+
+_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*(?:\(.*\)\s*->\s*.*)?\{\s*$")
+_INSTR = re.compile(r"^\s+(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
+
+
+def _opcode(rhs: str) -> str:
+    """The opcode of an instruction's right-hand side ``shape opcode(operands), attrs``."""
+    rest = rhs
+    if rhs.startswith("("):  # a tuple shape: skip to its closing parenthesis
+        depth = 0
+        for i, ch in enumerate(rhs):
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth == 0:
+                rest = rhs[i + 1:]
+                break
+    else:
+        rest = rhs.split(" ", 1)[1] if " " in rhs else ""
+    m = re.match(r"\s*([\w\-]+)\(", rest)
+    return m.group(1) if m else "?"
+
+
+def hlo_computations(text: str) -> dict[str, list[tuple[str, str, str]]]:
+    """Computation name -> its instructions as ``(name, opcode, right-hand side)``."""
+    comps: dict[str, list[tuple[str, str, str]]] = {}
+    current = None
+    for line in text.splitlines():
+        if current is None:
+            m = _HEADER.match(line)
+            if m:
+                current = m.group(2)
+                comps[current] = []
+            continue
+        if line.startswith("}"):
+            current = None
+            continue
+        m = _INSTR.match(line)
+        if m:
+            comps[current].append((m.group(1), _opcode(m.group(2)), m.group(2)))
+    return comps
+
+
+def _attr(rhs: str, key: str) -> str | None:
+    m = re.search(rf"\b{key}=%?([\w.\-]+)", rhs)
+    return m.group(1) if m else None
+
+
+def _category(op: str, rhs: str) -> str:
+    """What a launched instruction is: fusion, gemm, copy, or its opcode."""
+    if op == "fusion":
+        if "__triton_gemm" in rhs:
+            return "triton gemm fusion"
+        return "cudnn fusion" if "__cudnn" in rhs else "fusion"
+    if op == "custom-call":
+        target = re.search(r'custom_call_target="([^"]+)"', rhs)
+        target = target.group(1) if target else "?"
+        return "gemm (cuBLAS)" if "cublas" in target.lower() else f"custom-call {target}"
+    if op in ("copy", "copy-start", "copy-done"):
+        return "copy"
+    return op
+
+
+def count_launches(comps: dict, name: str, in_graph: bool = False) -> dict:
+    """Kernels of computation ``name``: ``kernels`` (every device instruction, command
+    buffers expanded), ``host_launches`` (a command buffer counted once), ``in_graph``
+    (kernels inside command buffers) and ``by_kind``; a nested ``while``, plain ``call`` or
+    ``async-start`` is expanded once (a loop's trip count is not known here)."""
+    res = {"kernels": 0, "host_launches": 0, "in_graph": 0, "by_kind": Counter()}
+    for _, op, rhs in comps.get(name, []):
+        if op in FREE_OPS:
+            continue
+        callee = {"call": "to_apply", "while": "body", "async-start": "calls"}.get(op)
+        callee = callee and _attr(rhs, callee)
+        if callee is not None:
+            graph = op == "call" and "command_buffer" in callee
+            sub = count_launches(comps, callee, in_graph or graph)
+            res["kernels"] += sub["kernels"]
+            res["in_graph"] += sub["in_graph"]
+            res["by_kind"] += sub["by_kind"]
+            res["host_launches"] += (not in_graph) if graph else sub["host_launches"]
+            continue
+        res["kernels"] += 1
+        res["in_graph"] += in_graph
+        res["host_launches"] += not in_graph
+        res["by_kind"][_category(op, rhs)] += 1
+    return res
+
+
+def decode_loop_kernels(text: str) -> dict:
+    """Launch counts of the decode loop in optimized HLO ``text``: the ``while`` whose body
+    has the most device instructions (the sampler's prefill has no loop on a GPU; where it
+    has one, a ``lax.map`` over row blocks, it is the smaller)."""
+    comps = hlo_computations(text)
+    best = None
+    for parent, instrs in comps.items():
+        for _, op, rhs in instrs:
+            if op != "while":
+                continue
+            body, cond = _attr(rhs, "body"), _attr(rhs, "condition")
+            graph = "command_buffer" in parent  # the whole loop is one command buffer
+            counts = count_launches(comps, body, graph)
+            if best is None or counts["kernels"] > best["kernels"]:
+                best = dict(counts, parent=parent, cond=count_launches(comps, cond, graph))
+    if best is None:
+        return {"error": "no while loop in the optimized HLO"}
+    best["while_in_graph"] = "command_buffer" in best["parent"]
+    best["by_kind"] = dict(best["by_kind"].most_common())
+    best["cond_kernels"] = best.pop("cond")["kernels"]
+    best["whiles"] = sum(op == "while" for ins in comps.values() for _, op, _ in ins)
+    return best
+
+
+# ----------------------------------------------------------------------------------------------
+# profiler trace: Perfetto JSON summary (pure json/gzip)
+# ----------------------------------------------------------------------------------------------
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def _names(events: list[dict]) -> tuple[dict, dict]:
+    procs, threads = {}, {}
+    for e in events:
+        if e.get("ph") != "M":
+            continue
+        if e.get("name") == "process_name":
+            procs[e.get("pid")] = str(e.get("args", {}).get("name", ""))
+        elif e.get("name") == "thread_name":
+            threads[(e.get("pid"), e.get("tid"))] = str(e.get("args", {}).get("name", ""))
+    return procs, threads
+
+
+def load_trace(trace_dir: Path) -> list[dict]:
+    """The events of the newest ``perfetto_trace.json.gz`` under ``trace_dir``."""
+    files = sorted(trace_dir.rglob("perfetto_trace.json.gz"), key=lambda p: p.stat().st_mtime)
+    if not files:
+        raise FileNotFoundError(f"no perfetto_trace.json.gz under {trace_dir}")
+    with gzip.open(files[-1], "rt") as f:
+        data = json.load(f)
+    return data.get("traceEvents", []) if isinstance(data, dict) else data
+
+
+def _md(name: str, width: int = 90) -> str:
+    name = name.replace("|", "/").replace("\n", " ")
+    return name if len(name) <= width else name[:width - 3] + "..."
+
+
+def trace_summary(events: list[dict], steps: int, top: int = 15) -> list[str]:
+    """Markdown lines: per token-step kernels, traced ms and GPU-busy time (the annotated
+    full calls minus the 1-step call), GPU idle fraction, top kernels; without GPU kernel
+    events, what the trace holds instead."""
+    procs, threads = _names(events)
+    spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    windows = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in spans
+                     if str(e.get("name", "")).startswith(ANNOTATION))
+    device = {p for p, n in procs.items() if "/device:" in n and "cpu" not in n.lower()}
+    kernels = [e for e in spans if e.get("pid") in device
+               and "stream" in threads.get((e.get("pid"), e.get("tid")), "").lower()]
+    lines = []
+    if not kernels:
+        lines.append("No GPU kernel events in the trace; it holds (process / thread: events, "
+                     "total ms):")
+        where = Counter()
+        total = Counter()
+        for e in spans:
+            key = f"{procs.get(e.get('pid'), e.get('pid'))} / " \
+                  f"{threads.get((e.get('pid'), e.get('tid')), e.get('tid'))}"
+            where[key] += 1
+            total[key] += e["dur"]
+        lines += [f"- {_md(k)}: {n}, {total[k] / 1e3:.1f}" for k, n in where.most_common(10)]
+    per_window = []
+    for t0, t1, name in windows:
+        inside = [e for e in kernels if t0 <= e["ts"] < t1]
+        busy = _union([(e["ts"], e["ts"] + e["dur"]) for e in inside])
+        per_window.append({"name": name, "ms": (t1 - t0) / 1e3, "n": len(inside),
+                           "busy_ms": busy / 1e3, "events": inside})
+    full = [w for w in per_window if "full" in w["name"]]
+    short = [w for w in per_window if "short" in w["name"]]
+    if not full or not short:
+        lines.append(f"Annotated calls not found in the trace ({len(windows)} windows).")
+        return lines
+
+    def mean(key: str) -> float:
+        return sum(w[key] for w in full) / len(full)
+
+    d = max(steps - 1, 1)
+    step_ms = (mean("ms") - short[0]["ms"]) / d
+    if not kernels:
+        return lines + ["", f"Traced wall ms per token-step: {step_ms:.3f} (full calls "
+                        f"{mean('ms'):.2f} ms each, the 1-step call {short[0]['ms']:.2f} ms)."]
+    step_busy = (mean("busy_ms") - short[0]["busy_ms"]) / d
+    lines += ["", "| per token-step | traced |", "|---|---:|",
+              f"| wall ms (traced) | {step_ms:.3f} |",
+              f"| kernels + memcpys | {(mean('n') - short[0]['n']) / d:.1f} |",
+              f"| GPU busy ms | {step_busy:.3f} |",
+              f"| GPU idle fraction | {1 - step_busy / step_ms if step_ms > 0 else float('nan'):.2f} |",
+              "", f"Whole full calls: {mean('ms'):.2f} ms each, GPU busy "
+              f"{mean('busy_ms'):.2f} ms (idle {1 - mean('busy_ms') / mean('ms'):.2f}), "
+              f"{mean('n'):.0f} kernels + memcpys; the 1-step call: {short[0]['ms']:.2f} ms, "
+              f"{short[0]['n']} kernels + memcpys."]
+    return lines + top_kernels([e for w in full for e in w["events"]], len(full) * steps, top)
+
+
+def top_kernels(events: list[dict], steps: int, top: int) -> list[str]:
+    """Markdown table of the ``top`` kernel names by total time in ``events``."""
+    time_by, count = Counter(), Counter()
+    for e in events:
+        time_by[e["name"]] += e["dur"]
+        count[e["name"]] += 1
+    total = sum(time_by.values()) or 1.0
+    lines = ["", f"Top {top} kernels of the full calls (count per token-step: count / "
+             f"{steps} steps, prefill included):", "",
+             "| kernel | count | per step | total ms | share |", "|---|---:|---:|---:|---:|"]
+    for name, t in time_by.most_common(top):
+        lines.append(f"| `{_md(name)}` | {count[name]} | {count[name] / steps:.2f} | "
+                     f"{t / 1e3:.2f} | {100 * t / total:.1f}% |")
+    return lines
+
+
+# ----------------------------------------------------------------------------------------------
+# worker: one flag set, in its own process (imports JAX)
+# ----------------------------------------------------------------------------------------------
+
+
+def _save(out: dict, path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(out, indent=1, default=str))
+    tmp.replace(path)
+
+
+def _sampler_hlo(sampler, prompts: list, sp) -> str:
+    """Optimized HLO of the program ``sampler(prompts, params=sp)`` runs (a fresh cache, no
+    shared prompts): the lowering and compilation caches make this free after a call."""
+    import jax
+    import numpy as np
+
+    from ragen_jax.rollout.sampler import _empty_cache, generate_jit, pad_prompts
+
+    tokens, valid = pad_prompts(prompts, pad_id=sampler.pad_id, min_bucket=sampler.min_bucket,
+                                multiple=sampler.bucket_multiple)
+    b, p = tokens.shape
+    n = sp.max_new_tokens
+    cache = _empty_cache(sampler.config, b, p + n)
+    stop = np.full((b, 1), -1, np.int32)
+    budget = np.full((b,), n, np.int32)
+    lowered = generate_jit(False, sampler.options).lower(
+        sampler.graph, sampler.state, cache, tokens, valid, stop, budget, np.ones((b,), bool),
+        jax.random.key(0), None, sp=sp, pad_id=sampler.pad_id, group_prefix=False,
+        prefill_tokens=sampler.prefill_tokens)
+    return lowered.compile().as_text()
+
+
+def decode_timing(policy, cfg, batch: int, args, rng,
+                  keep_hlo: Path | None) -> tuple[dict, Callable[[int], int]]:
+    """One batch size: compile (first call), warm ``--new``-step and 1-step calls of the same
+    program, the decode loop's kernels; returns the row and the call (for the trace)."""
+    import jax
+    import numpy as np
+    from bench_peers import timed
+
+    from ragen_jax.rollout import Sampler, SamplingParams
+
+    prompts = rng.randint(10, cfg.vocab_size, (batch, args.prompt)).tolist()
+    sampler = Sampler(policy)
+    sp = SamplingParams(max_new_tokens=args.new, temperature=0.0)
+
+    last = {}
+
+    def call(steps: int) -> int:
+        out = sampler(prompts, key=jax.random.key(0), params=sp,
+                      max_new=np.full((batch,), steps, np.int32))
+        jax.block_until_ready(out.tokens)
+        last["tokens"] = out.tokens
+        return int(out.steps)
+
+    t0 = time.perf_counter()
+    steps = call(args.new)
+    first = time.perf_counter() - t0
+    # The greedy tokens' digest: a flag set must not change what is decoded.
+    digest = hashlib.sha256(np.asarray(jax.device_get(last["tokens"])).tobytes()).hexdigest()[:12]
+    full = timed(lambda: call(args.new), args.repeats)
+    short = timed(lambda: call(1), args.repeats)
+    row = {"first_s": first, "full_s": full, "short_s": short, "steps": steps, "tokens": digest,
+           "compile_s": first - full, "decode_ms": 1e3 * (full - short) / max(args.new - 1, 1)}
+    try:
+        text = _sampler_hlo(sampler, prompts, sp)
+        row["kernels"] = decode_loop_kernels(text)
+        if keep_hlo is not None:
+            with gzip.open(keep_hlo, "wt") as f:
+                f.write(text)
+    except Exception as e:  # the library's internals moved: timings still stand
+        row["kernels"] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+    return row, call
+
+
+def trace_decode(call: Callable[[int], int], trace_dir: Path, steps: int, calls: int) -> dict:
+    """``calls`` annotated warm calls of ``steps`` decode steps and one 1-step call under
+    ``jax.profiler.trace`` (Perfetto JSON written next to the profile)."""
+    import jax
+
+    call(steps)
+    t0 = time.perf_counter()
+    with jax.profiler.trace(str(trace_dir), create_perfetto_trace=True):
+        for i in range(calls):
+            with jax.profiler.TraceAnnotation(f"{ANNOTATION}full_{i}"):
+                call(steps)
+        with jax.profiler.TraceAnnotation(f"{ANNOTATION}short"):
+            call(1)
+    return {"dir": str(trace_dir), "steps": steps, "calls": calls,
+            "wall_s": time.perf_counter() - t0}
+
+
+def worker(args) -> None:
+    """Runs every measurement for the flag set in ``XLA_FLAGS`` and writes ``--json`` after
+    each step (a timeout or crash keeps what was done)."""
+    sys.path.insert(0, str(HERE))
+    import jax
+    import numpy as np
+    from bench_accelerator import config
+    from bench_peers import memory_bandwidth
+    from flax import nnx
+
+    from ragen_jax.models import Qwen2ForCausalLM, compute_copy
+
+    path = Path(args.json)
+    dev = jax.devices()[0]
+    out = {"device": dev.device_kind, "platform": dev.platform, "jax": jax.__version__,
+           "xla_flags": os.environ.get("XLA_FLAGS", ""), "rows": []}
+    _save(out, path)
+    if args.bandwidth_gib > 0:
+        out["bandwidth_gbs"] = memory_bandwidth(args.bandwidth_gib, 10)
+        print(f"bandwidth {out['bandwidth_gbs']:.0f} GB/s", flush=True)
+        _save(out, path)
+    rng = np.random.RandomState(0)
+    for size in args.sizes.split(","):
+        cfg = config(size, "dots")
+        policy = compute_copy(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)))
+        weight_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(policy)))
+        slot_bytes = (2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
+                      * np.dtype(cfg.dtype).itemsize)
+        for b in [int(x) for x in args.batches.split(",") if x]:
+            base = {"size": size, "batch": b, "weight_bytes": weight_bytes,
+                    "slot_bytes": slot_bytes, "slots": args.prompt + args.new}
+            keep = None
+            if args.hlo_dir and b == args.trace_batch:
+                keep = Path(args.hlo_dir) / f"hlo_{args.worker}_{size}_b{b}.txt.gz"
+            try:
+                row, call = decode_timing(policy, cfg, b, args, rng, keep)
+            except Exception as e:  # out of memory, say: a row that says so
+                row, call = {"error": f"{type(e).__name__}: {str(e)[:300]}"}, None
+            if call is not None and args.trace_dir and b == args.trace_batch:
+                try:
+                    row["trace"] = trace_decode(call, Path(args.trace_dir),
+                                                min(args.trace_steps, args.new),
+                                                args.trace_calls)
+                except Exception as e:  # no profiler here: the timings still stand
+                    row["trace_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            out["rows"].append({**base, **row})
+            _save(out, path)
+            print(f"{size} batch {b}: " + ", ".join(
+                f"{k} {v:.3f}" for k, v in row.items() if isinstance(v, float)), flush=True)
+        del policy
+
+
+# ----------------------------------------------------------------------------------------------
+# parent: one child process per flag set, then the report
+# ----------------------------------------------------------------------------------------------
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def run_flagset(name: str, flags: str, args, timeout: float, work: Path,
+                first: bool) -> dict:
+    """Runs this script as a ``--worker`` child with ``flags`` in ``XLA_FLAGS``; returns what
+    it wrote plus ``status`` (ok, exit code, or timed out) and its wall seconds."""
+    js, log = work / f"{name}.json", work / f"{name}.log"
+    trace_dir = work / f"trace_{name}" if name in args.trace_flagsets.split(",") else None
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", name, "--json", str(js),
+           "--sizes", args.sizes, "--batches", args.batches, "--prompt", str(args.prompt),
+           "--new", str(args.new), "--repeats", str(args.repeats),
+           "--bandwidth-gib", str(args.bandwidth_gib if first else 0),
+           "--trace-batch", str(args.trace_batch), "--trace-steps", str(args.trace_steps),
+           "--trace-calls", str(args.trace_calls), "--hlo-dir", str(work)]
+    if trace_dir:
+        trace_dir.mkdir(parents=True, exist_ok=True)
+        cmd += ["--trace-dir", str(trace_dir)]
+    env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip())
+    print(f"[bench_decode] {name}: XLA_FLAGS={env['XLA_FLAGS']!r}, timeout {timeout:.0f} s",
+          flush=True)
+    t0 = time.monotonic()
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+            status = "ok" if rc == 0 else f"failed (exit {rc})"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            status = f"timed out after {timeout:.0f} s"
+    wall = time.monotonic() - t0
+    try:
+        res = json.loads(js.read_text())
+    except (OSError, ValueError):
+        res = {"rows": []}
+    tail = _tail(log, 25)
+    print(f"[bench_decode] {name}: {status} in {wall:.0f} s; log tail:\n{tail}\n", flush=True)
+    return {**res, "name": name, "flags": flags, "status": status, "wall_s": wall,
+            "log_tail": _tail(log, 4), "trace_dir": str(trace_dir) if trace_dir else None}
+
+
+def _bound_ms(row: dict, bw: float | None) -> float | None:
+    if not bw:
+        return None
+    return 1e3 * (row["weight_bytes"] + row["slot_bytes"] * row["batch"] * row["slots"]) / (bw * 1e9)
+
+
+def timing_lines(results: list[dict], bw: float | None, args) -> list[str]:
+    """The decode table: one row per flag set, shape and batch (or one saying it failed)."""
+    base = {(r["size"], r["batch"]): r.get("decode_ms") for res in results
+            if res["name"] == "default" for r in res["rows"]}
+    digests = {(r["size"], r["batch"]): r.get("tokens") for res in results
+               if res["name"] == "default" for r in res["rows"]}
+    lines = ["| flag set | shape | batch | compile s | decode ms/token-step | decode tok/s | "
+             "bound ms | bound / measured | vs default | tokens (= default's) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for res in results:
+        for r in res["rows"]:
+            head = f"| {res['name']} | {r['size']} | {r['batch']} |"
+            if "error" in r:
+                lines.append(f"{head} failed: {_md(r['error'], 160)} | | | | | |")
+                continue
+            bound = _bound_ms(r, bw)
+            ms = r["decode_ms"]
+            ref = base.get((r["size"], r["batch"]))
+            ran = "" if r["steps"] == r["slots"] - args.prompt else f" (ran {r['steps']} steps)"
+            lines.append(
+                f"{head} {r['compile_s']:.1f} | {ms:.3f}{ran} | {r['batch'] * 1e3 / ms:.0f} | "
+                + (f"{bound:.3f} | {bound / ms:.2f} |" if bound else "n/a | n/a |")
+                + (f" {ref / ms:.2f}x |" if ref else " |")
+                + f" {r.get('tokens')} ({r.get('tokens') == digests.get((r['size'], r['batch']))}) |")
+        if res["status"] != "ok":
+            why = _md(res["log_tail"].replace("\n", " / "), 200)
+            lines.append(f"| {res['name']} | {res['status']} ({len(res['rows'])} rows done): "
+                         f"{why} | | | | | | | |")
+    return lines
+
+
+def kernel_lines(results: list[dict]) -> list[str]:
+    """The kernel-count table from each row's optimized HLO."""
+    lines = ["| flag set | shape | batch | kernels / step | host launches / step | in graphs | "
+             "while in graph | cond kernels | by kind |",
+             "|---|---|---:|---:|---:|---:|---|---:|---|"]
+    for res in results:
+        for r in res["rows"]:
+            k = r.get("kernels")
+            head = f"| {res['name']} | {r['size']} | {r['batch']} |"
+            if not k:
+                continue
+            if "error" in k:
+                lines.append(f"{head} n/a: {_md(k['error'], 120)} | | | | | |")
+                continue
+            kinds = ", ".join(f"{n} {c}" for c, n in k["by_kind"].items())
+            lines.append(f"{head} {k['kernels']} | {k['host_launches']} | {k['in_graph']} | "
+                         f"{'yes' if k['while_in_graph'] else 'no'} | {k['cond_kernels']} | "
+                         f"{_md(kinds, 200)} |")
+    return lines
+
+
+def summarise_traces(res: dict) -> None:
+    """Adds ``trace_md`` (markdown lines) to each of a flag set's rows that was traced, or
+    that failed to be: read once, when the child is done."""
+    for r in res["rows"]:
+        t = r.get("trace")
+        if r.get("trace_error"):
+            r["trace_md"] = ["", f"## Trace: {res['name']}, {r['size']} batch {r['batch']}",
+                             "", f"Not traced: {_md(r['trace_error'], 300)}"]
+        if not t:
+            continue
+        lines = ["", f"## Trace: {res['name']}, {r['size']} batch {r['batch']}, "
+                 f"{t['calls']} calls of {t['steps']} steps + one 1-step call", ""]
+        try:
+            lines += trace_summary(load_trace(Path(t["dir"])), t["steps"])
+        except Exception as e:  # a trace we cannot read: say so, keep the rest
+            lines.append(f"Trace not summarised: {type(e).__name__}: {_md(str(e), 200)}")
+        r["trace_md"] = lines
+
+
+def trace_lines(results: list[dict]) -> list[str]:
+    """Every traced row's summary (``summarise_traces``), in order."""
+    return [line for res in results for r in res["rows"] for line in r.get("trace_md", [])]
+
+
+def report(results: list[dict], args) -> str:
+    """The markdown report of every flag set's results."""
+    bw = next((r["bandwidth_gbs"] for r in results if r.get("bandwidth_gbs")), None)
+    dev = next((r for r in results if r.get("device")), {})
+    lines = [f"# Decode against the bandwidth bound: {dev.get('device', '?')} "
+             f"({dev.get('platform', '?')}), jax {dev.get('jax', '?')}", "",
+             "Bandwidth ceiling: " + (f"{bw:.0f} GB/s (jitted float32 sum over "
+                                      f"{args.bandwidth_gib:g} GiB)" if bw else "n/a") + ".",
+             f"Greedy, {args.prompt}-token random prompts, {args.new} new tokens, bf16 "
+             f"compute copy of random weights; best of {args.repeats} warm calls.", "",
+             "## Decode ms per token-step", "", *timing_lines(results, bw, args), "",
+             "## Kernels per decode token-step (optimized HLO of the decode while-loop body)",
+             "", *kernel_lines(results), "", "## Flag sets", "",
+             "| flag set | XLA_FLAGS added | status | wall s |", "|---|---|---|---:|"]
+    lines += [f"| {r['name']} | `{r['flags'] or '(none)'}` | {r['status']} | {r['wall_s']:.0f} |"
+              for r in results]
+    traced = trace_lines(results)
+    if not traced and args.trace_flagsets:
+        traced = ["", f"No trace: batch {args.trace_batch} (--trace-batch) did not run in "
+                  f"a traced flag set ({args.trace_flagsets})."]
+    lines += traced
+    return "\n".join(lines) + "\n"
+
+
+def keep_files(work: Path, dest: Path, largest_mib: float = 20) -> None:
+    """Copies the children's logs, JSON, kept HLO and Perfetto traces (each under
+    ``largest_mib``) to ``dest``; the profiler's raw ``.xplane.pb`` stays behind."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for pattern in ("*.log", "*.json", "hlo_*.txt.gz", "**/perfetto_trace.json.gz"):
+        for f in work.glob(pattern):
+            if f.stat().st_size <= largest_mib * 2**20:
+                name = f.name if f.parent == work else f"{f.relative_to(work).parts[0]}_{f.name}"
+                shutil.copyfile(f, dest / name)
+
+
+def parse(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="0.5b", help="0.5b, 1.5b, 3b, 7b or smoke")
+    ap.add_argument("--batches", default="1,32,128")
+    ap.add_argument("--prompt", type=int, default=256)
+    ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--flagsets", default="default,cmdbuf_while,cublas_gemm",
+                    help=f"comma-separated names of {sorted(FLAGSETS)}")
+    ap.add_argument("--extra-flagset", action="append", default=[], metavar="NAME=FLAGS",
+                    help="another flag set, e.g. 'graphs_traced=--xla_enable_command_buffers_"
+                         "during_profiling=true' (with --trace-flagsets default,graphs_traced)")
+    ap.add_argument("--bandwidth-gib", type=float, default=4.0)
+    ap.add_argument("--trace-flagsets", default="default")
+    ap.add_argument("--trace-batch", type=int, default=32)
+    ap.add_argument("--trace-steps", type=int, default=32)
+    ap.add_argument("--trace-calls", type=int, default=2)
+    ap.add_argument("--budget-s", type=float, default=330,
+                    help="wall seconds for all flag sets together; later sets are skipped")
+    ap.add_argument("--worker-timeout-s", type=float, default=170)
+    ap.add_argument("--min-worker-s", type=float, default=45,
+                    help="skip a flag set when less than this is left of the budget")
+    ap.add_argument("--work-dir", default=None,
+                    help="children's JSON, logs, traces and HLO (default: a temporary folder; "
+                         "with --out the small ones are copied to bench_decode_files/ next to it)")
+    ap.add_argument("--out", default=None, help="also write the markdown report here")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--json", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--trace-dir", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--hlo-dir", default=None, help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def main() -> None:
+    args = parse()
+    if args.worker:
+        worker(args)
+        return
+    sets = dict(FLAGSETS)
+    sets.update(e.split("=", 1) for e in args.extra_flagset)
+    names = [n for n in args.flagsets.split(",") if n] + [e.split("=", 1)[0]
+                                                          for e in args.extra_flagset]
+    unknown = [n for n in names if n not in sets]
+    if unknown:
+        raise SystemExit(f"unknown flag sets {unknown}; known: {sorted(sets)}")
+    if args.work_dir:
+        work = Path(args.work_dir)
+    else:
+        work = Path(tempfile.mkdtemp(prefix="bench_decode_"))
+    work.mkdir(parents=True, exist_ok=True)
+    if args.out:
+        Path(args.out).resolve().parent.mkdir(parents=True, exist_ok=True)
+    print(f"[bench_decode] children's JSON, logs, traces and HLO under {work}", flush=True)
+    start = time.monotonic()
+    results = []
+    for i, name in enumerate(names):
+        left = args.budget_s - (time.monotonic() - start)
+        if left < args.min_worker_s:
+            results.append({"name": name, "flags": sets[name], "rows": [], "wall_s": 0.0,
+                            "status": f"skipped ({max(left, 0):.0f} s of the budget left)",
+                            "log_tail": ""})
+            continue
+        res = run_flagset(name, sets[name], args, min(args.worker_timeout_s, left), work,
+                          first=i == 0)
+        summarise_traces(res)
+        results.append(res)
+        if args.out:  # so far: a run stopped from outside still leaves a report
+            Path(args.out).write_text(report(results, args))
+            keep_files(work, Path(args.out).resolve().parent / "bench_decode_files")
+    text = report(results, args)
+    print(text, flush=True)
+    if args.out:
+        Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""Level identity: which starting state an episode plays, so validation can be held out.
+
+A level is what ``reset`` draws from a seed: Sokoban's room, boxes and player; FrozenLake's
+map, start and goal; Bandit's arm pair and order (``TextEnv.level``); a host env's first
+observation text (``HostEnv.level_key`` may name something else). Seeds are not levels: small
+generators repeat levels often (Sokoban 6x6 with one box gives ~245 distinct levels from 256
+seeds, and a supervised prior's few thousand levels met ~40% of them), so a validation set
+defined by a seed range is not held out. The rollout compares levels by identity instead:
+
+* ``level_hash(env, state)``: a jittable 64-bit hash (two ``uint32`` lanes, MurmurHash3's
+  mixing) of one unbatched JAX state's level fields, their sizes included;
+* ``level_ids(env, states)``: the same for a batch, as ``uint64`` on the host;
+* ``text_level_id(text)``: a host env's identity, BLAKE2b of its level key;
+* ``redraw_seed(seed, draw)``: the seed a host env is reset with on its ``draw``-th redraw
+  (a JAX env folds the draw into its key instead, ``env_driver.held_out_reset``).
+
+A hash collision only makes the rollout skip a level that was not in the validation set (a
+validation level always hashes to its own id); with 64 bits it does not happen in practice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+MAX_DRAWS = 64  # draws per reset before a row is declared impossible to hold out
+
+_SEEDS = (0x9747B28C, 0x5BD1E995)  # the two lanes' hash seeds
+
+
+def _fmix(h: jax.Array) -> jax.Array:
+    """MurmurHash3's 32-bit finaliser (uint32 arithmetic wraps)."""
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def _rotl(x: jax.Array, r: int) -> jax.Array:
+    return (x << r) | (x >> (32 - r))
+
+
+def _murmur(words: jax.Array, seed: int) -> jax.Array:
+    """MurmurHash3 (x86, 32-bit) of ``words [N] uint32``."""
+
+    def body(h, k):
+        k = _rotl(k * jnp.uint32(0xCC9E2D51), 15) * jnp.uint32(0x1B873593)
+        h = _rotl(h ^ k, 13) * jnp.uint32(5) + jnp.uint32(0xE6546B64)
+        return h, None
+
+    h, _ = jax.lax.scan(body, jnp.uint32(seed), words)
+    return _fmix(h ^ jnp.uint32(4 * words.shape[0]))
+
+
+def _words(x: jax.Array) -> jax.Array:
+    """``x`` as ``uint32`` words, its size first (so [1, 2] + [3] differs from [1] + [2, 3])."""
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        flat = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32).reshape(-1)
+    else:
+        flat = x.astype(jnp.int32).reshape(-1).astype(jnp.uint32)
+    return jnp.concatenate([jnp.array([x.size], jnp.uint32), flat])
+
+
+def level_fields(env: Any, state: Any) -> Any:
+    """The pytree that identifies ``state``'s level (``env.level``; default: the whole state)."""
+    level = getattr(env, "level", None)
+    return level(state) if level is not None else state
+
+
+def level_hash(env: Any, state: Any) -> jax.Array:
+    """``[2] uint32``: the level identity of one unbatched JAX env state (jittable)."""
+    words = jnp.concatenate([_words(x) for x in jax.tree.leaves(level_fields(env, state))])
+    return jnp.stack([_murmur(words, s) for s in _SEEDS])
+
+
+def as_uint64(lanes: Any) -> np.ndarray:
+    """``[..., 2] uint32`` hash lanes as ``[...] uint64`` ids."""
+    lanes = np.asarray(lanes, np.uint64)
+    return (lanes[..., 0] << np.uint64(32)) | lanes[..., 1]
+
+
+def as_lanes(ids: Any) -> np.ndarray:
+    """``[N] uint64`` ids as ``[N, 2] uint32`` lanes (the device's form)."""
+    ids = np.asarray(ids, np.uint64).reshape(-1)
+    return np.stack([ids >> np.uint64(32), ids & np.uint64(0xFFFFFFFF)], -1).astype(np.uint32)
+
+
+def level_ids(env: Any, states: Any) -> np.ndarray:
+    """``[N] uint64``: the level ids of a batch of JAX env states (leading axis N)."""
+    return as_uint64(jax.jit(jax.vmap(lambda s: level_hash(env, s)))(states))
+
+
+def text_level_id(text: str) -> np.uint64:
+    """A host env's level id: the first 8 bytes of BLAKE2b of its level key."""
+    return np.uint64(int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big"))
+
+
+def redraw_seed(seed: int, draw: int) -> int:
+    """The seed of a host env's ``draw``-th redraw of ``seed`` (draw 0 is ``seed`` itself): a
+    31-bit hash, so any env's seed type takes it, and redraws of nearby seeds do not overlap."""
+    if draw == 0:
+        return int(seed)
+    digest = hashlib.blake2b(f"{int(seed)}:{int(draw)}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+class HeldOutError(RuntimeError):
+    """Training could not draw a level outside the validation set for some seed."""
+
+
+def held_out_error(name: str, seeds: Any) -> HeldOutError:
+    """The error for ``seeds`` whose every one of ``MAX_DRAWS`` draws was a validation level."""
+    seeds = [int(s) for s in np.asarray(seeds).reshape(-1)]
+    return HeldOutError(
+        f"env {name}: {MAX_DRAWS} draws from seed {seeds[0]} (and {len(seeds) - 1} more) were all "
+        f"validation levels: the generator yields too few distinct levels to hold validation "
+        f"out (set rollout.held_out_val=False to validate on training levels)")

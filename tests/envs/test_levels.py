@@ -1,0 +1,148 @@
+"""Level identity (``envs.levels``) and held-out validation: a training or prior-data reset
+never plays a validation level, compared by the levels' states themselves, not their hashes."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ragen_jax.envs import levels, make
+from ragen_jax.envs.sokoban import EnvState
+from ragen_jax.rollout.env_driver import JaxEnvDriver, row_state
+from ragen_jax.rollout.host_driver import HostEnvDriver
+
+JAX_ENVS = {
+    "sokoban-6x6-1": ("sokoban", dict(dim_room=(6, 6), num_boxes=1)),
+    "sokoban-7x7-2": ("sokoban", dict(dim_room=(7, 7), num_boxes=2)),
+    "frozenlake-4": ("frozenlake", dict(size=4)),
+}
+VAL = 123 + np.arange(256)  # the presets' validation seeds
+TRAIN = 2**30 + np.arange(256)  # the warm-start data's seed range (one shape: one compile)
+
+
+def exact_levels(env, host, n: int) -> list[bytes]:
+    """Each row's level fields as bytes: the ground truth the hashes are checked against."""
+    return [b"".join(np.asarray(x).tobytes() for x in jax.tree.leaves(env.level(row_state(host, b))))
+            for b in range(n)]
+
+
+@pytest.fixture(scope="module", params=list(JAX_ENVS))
+def jax_env(request):
+    name, params = JAX_ENVS[request.param]
+    return request.param, *make(name, **params)
+
+
+def test_level_ids_partition_levels_exactly_as_their_states_do(jax_env):
+    name, env, params = jax_env
+    out = JaxEnvDriver(env, params, 1).reset(np.arange(256))
+    exact = exact_levels(env, out.host, 256)
+    by_id = {}
+    for level_id, key in zip(out.levels.tolist(), exact, strict=True):
+        assert by_id.setdefault(level_id, key) == key, f"{name}: two levels share an id"
+    assert len(by_id) == len(set(exact))
+    assert len(set(exact)) < 256 or name != "frozenlake-4"  # FrozenLake 4x4 repeats maps
+
+
+def test_held_out_resets_never_play_a_validation_level(jax_env):
+    name, env, params = jax_env
+    driver = JaxEnvDriver(env, params, 1)
+    val = driver.reset(VAL)
+    plain = driver.reset(TRAIN)
+    val_keys = set(exact_levels(env, val.host, len(VAL)))
+    seen = np.array([k in val_keys for k in exact_levels(env, plain.host, len(TRAIN))])
+    if name in ("sokoban-6x6-1", "frozenlake-4"):  # small generators: seed ranges overlap
+        assert seen.sum() > 3, f"{name}: expected validation levels among training seeds"
+    driver.hold_out(val.levels)
+    held = driver.reset(TRAIN)
+    assert not any(k in val_keys for k in exact_levels(env, held.host, len(TRAIN)))
+    # Exactly the rows that met a validation level were drawn again; the others are unchanged.
+    np.testing.assert_array_equal(held.redraws > 0, seen)
+    np.testing.assert_array_equal(held.levels[~seen], plain.levels[~seen])
+    # Validation itself still plays its own levels.
+    np.testing.assert_array_equal(driver.reset(VAL, held_out=False).levels, val.levels)
+
+
+def test_a_redrawn_group_still_shares_one_level():
+    name, params = JAX_ENVS["sokoban-6x6-1"]
+    env, params = make(name, **params)
+    driver = JaxEnvDriver(env, params, 1)
+    plain = driver.reset(TRAIN)
+    driver.hold_out(driver.reset(VAL).levels)
+    rows = driver.reset(np.repeat(TRAIN[:64], 4))
+    assert (rows.redraws > 0).any()
+    np.testing.assert_array_equal(rows.levels.reshape(64, 4), np.repeat(rows.levels[::4, None], 4, 1))
+    assert (rows.levels[::4] != plain.levels[:64]).sum() == (rows.redraws[::4] > 0).sum()
+
+
+def test_a_generator_too_small_to_hold_out_is_a_clear_error():
+    env, params = make("bandit", split="train")
+    driver = JaxEnvDriver(env, params, 1)
+    driver.hold_out(driver.reset(np.arange(256)).levels)  # every pair and order
+    with pytest.raises(levels.HeldOutError, match="rollout.held_out_val=False"):
+        driver.reset(1000 + np.arange(8))
+
+
+def test_bandit_test_names_are_never_training_levels():
+    train, params = make("bandit", split="train")
+    test, _ = make("bandit", split="test")
+    a = JaxEnvDriver(train, params, 1).reset(np.arange(512)).levels
+    b = JaxEnvDriver(test, params, 1).reset(np.arange(512)).levels
+    assert not set(a.tolist()) & set(b.tolist())
+
+
+_SOKOBAN = make("sokoban", dim_room=(6, 6), num_boxes=1)[0]
+_hash = jax.jit(lambda room, boxes, player: levels.level_hash(_SOKOBAN, EnvState(
+    room_fixed=room, boxes=boxes, player=player, boxes_on_target=jnp.int32(0), time=jnp.int32(0))))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(0, 35))
+def test_changing_any_one_cell_changes_the_id(seed, cell):
+    rng = np.random.default_rng(seed)
+    room = rng.integers(0, 3, (6, 6)).astype(np.int8)
+    boxes = rng.random((6, 6)) < 0.2
+    player = rng.integers(0, 6, 2).astype(np.int32)
+    same = levels.as_uint64(_hash(room.copy(), boxes.copy(), player.copy()))
+    assert same == levels.as_uint64(_hash(room, boxes, player))
+    flipped = boxes.copy()
+    flipped.flat[cell] ^= True
+    assert levels.as_uint64(_hash(room, flipped, player)) != same
+    room2 = room.copy()
+    room2.flat[cell] = (room2.flat[cell] + 1) % 3
+    assert levels.as_uint64(_hash(room2, boxes, player)) != same
+
+
+def test_ids_round_trip_through_device_lanes():
+    ids = np.array([0, 1, 2**32, 2**64 - 1, 0x0123456789ABCDEF], np.uint64)
+    np.testing.assert_array_equal(levels.as_uint64(levels.as_lanes(ids)), ids)
+    np.testing.assert_array_equal(levels.as_uint64(jnp.asarray(levels.as_lanes(ids))), ids)
+
+
+@pytest.mark.parametrize("name,params,puzzle", [
+    ("countdown", dict(), lambda e: repr(e.puzzle)),
+    ("sudoku", dict(size=4, difficulty="easy"), lambda e: e.puzzle.tobytes()),
+])
+def test_host_env_resets_never_play_a_validation_level(name, params, puzzle):
+    family, _ = make(name, **params)
+    driver = HostEnvDriver(family)
+
+    def played(seeds, **kw):
+        out = driver.reset(seeds, **kw)
+        return out, [puzzle(s.env) for s in out.states]
+
+    val, val_puzzles = played(VAL)
+    plain, plain_puzzles = played(TRAIN)
+    seen = np.array([p in set(val_puzzles) for p in plain_puzzles])
+    driver.hold_out(val.levels)
+    held, held_puzzles = played(TRAIN)
+    assert not set(held_puzzles) & set(val_puzzles)
+    np.testing.assert_array_equal(held.redraws > 0, seen)
+
+
+def test_redraw_seeds_are_fixed_and_spread():
+    assert levels.redraw_seed(5, 0) == 5
+    assert levels.redraw_seed(5, 1) == levels.redraw_seed(5, 1)
+    seeds = {levels.redraw_seed(s, d) for s in range(100) for d in range(1, 4)}
+    assert len(seeds) == 300 and all(0 <= s < 2**31 for s in seeds)

@@ -1,0 +1,69 @@
+"""A preset's validation is held out: its warm-start data and its training stream play no
+validation level, compared by the rendered starting state (for these envs the level itself),
+for a single env and for a mixed run."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ragen_jax import sft
+from ragen_jax.config import load_config
+from ragen_jax.rollout.agent import AgentRollout, train_seeds
+from ragen_jax.rollout.env_driver import row_state
+from ragen_jax.train import Trainer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def rendered(rollout: AgentRollout, seeds: np.ndarray, *, held_out: bool) -> list[str]:
+    """The starting state each seed plays, as the model reads it."""
+    out = rollout.driver.reset(seeds, held_out=held_out)
+    return [rollout.env.render_text(row_state(out.host, b)) for b in range(len(seeds))]
+
+
+@pytest.mark.parametrize("config", ["sokoban", "frozenlake", "mixed"])
+def test_prior_data_and_training_stream_hold_out_every_validation_level(config, tmp_path, monkeypatch):
+    steps = 100
+    run = load_config([
+        "--config", str(ROOT / f"configs/{config}.py"), f"--config.trainer.output_dir={tmp_path}",
+        f"--config.trainer.total_steps={steps}", "--config.warmstart.cache=False",
+        "--config.model.hidden_size=32", "--config.model.intermediate_size=64",
+        "--config.model.num_hidden_layers=1",
+        # The presets' data, smaller: the same generators, policies and seeds.
+        "--config.warmstart.episodes=512", "--config.warmstart.turn_episodes=512"])
+    played: list[str] = []  # every starting state of the prior's scripted episodes
+    collect = AgentRollout.collect
+
+    def spy(self, policy, seeds, key, **kw):
+        batch = collect(self, policy, seeds, key, **kw)
+        assert kw.get("held_out", True), "the prior's data must hold validation out"
+        played.extend(t["turns"][0]["state"] for t in batch.trajectories if t["turns"])
+        played.extend(f"redrawn:{ep.redraws > 0}" for ep in batch.episodes)
+        return batch
+
+    monkeypatch.setattr(AgentRollout, "collect", spy)
+    monkeypatch.setattr(sft, "train_sft", lambda *a, **k: [0.0])  # the data is what is checked
+    trainer = Trainer(run)
+    trainer.warmstart()
+    monkeypatch.setattr(AgentRollout, "collect", collect)
+
+    val = set()
+    for slot in trainer.slots:
+        val |= set(rendered(slot.rollout, trainer.plan.rollout.val_seed + np.arange(slot.val_groups),
+                            held_out=False))
+    states = [s for s in played if not s.startswith("redrawn:")]
+    assert len(states) >= 512 and not val & set(states)
+    assert "redrawn:True" in played  # some data seeds met a validation level and were redrawn
+
+    stream = np.concatenate([train_seeds(trainer.plan.rollout, i) for i in range(steps)])
+    first = 0
+    for slot in trainer.slots:  # a slot plays its share of each step's groups (rollout.mix)
+        if not slot.groups:
+            continue
+        mine = stream.reshape(steps, -1)[:, first:first + slot.groups].reshape(-1)
+        first += slot.groups
+        before = set(rendered(slot.rollout, mine, held_out=False))
+        after = set(rendered(slot.rollout, mine, held_out=True))
+        assert not val & after
+        assert val & before, f"{slot.tag}: without holding out, training replays validation levels"
