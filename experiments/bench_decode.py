@@ -87,6 +87,14 @@ FLAGSETS = {
     "no_cmdbuf": "--xla_gpu_enable_command_buffer=",
     # The same flags as default in a second process: the run-to-run noise between processes.
     "default_again": "",
+    # Fewer, larger kernels: elementwise ops fused into Triton fusions without a reduction hero.
+    "triton_heroless": "--xla_gpu_experimental_enable_triton_heroless_priority_fusion=true",
+    # Every fusion through the Triton emitter.
+    "triton_all": "--xla_gpu_experimental_all_fusions_with_triton=true",
+    # Triton fusions with several outputs (e.g. a GEMM's result and a residual sum at once).
+    "triton_multi_output": "--xla_gpu_unsupported_enable_triton_multi_output_fusion=true",
+    # No autotuning: XLA's default GEMM configs, whose split-K choices differ from the tuned.
+    "autotune_0": "--xla_gpu_autotune_level=0",
 }
 
 FREE_OPS = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast", "after-all",

@@ -8,7 +8,8 @@ board* from *does the warm-start recipe teach it*: states of training levels (ea
 start and a few random legal moves on, ``--walk``) labelled with their optimal moves (every
 move after which the BFS solver needs one move less: ``first_move_accuracy.optimal_first_moves``),
 a fresh tiny model trained to put its next-token probability on one of them (the answer
-token after the text), and held-out levels (seeds disjoint from the training ones) scored by
+token after the text), and held-out levels (levels no training seed plays, by level identity,
+``envs.levels``; each once) scored by
 whether its most likely move is optimal and whether it is legal, beside a random legal move.
 
 ``--form bare``: the grid text alone and one query token; ``--form chat``: the rollout's own
@@ -41,10 +42,23 @@ from ragen_jax.envs.registry import make  # noqa: E402
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig  # noqa: E402
 from ragen_jax.models import tokenizer as tokenizers  # noqa: E402
 from ragen_jax.rollout.context import ChatFormat, ContextConfig, user_message  # noqa: E402
-from ragen_jax.rollout.env_driver import env_functions, row_state  # noqa: E402
+from ragen_jax.rollout.env_driver import JaxEnvDriver, env_functions, row_state  # noqa: E402
 from ragen_jax.rollout.scripted import LegalActions  # noqa: E402
 
 TRAIN_SEEDS, VAL_SEEDS = 10_000, 50_000  # first seeds of the two level sets (disjoint ranges)
+
+
+def held_out_seeds(env, env_params, train: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+    """The ``candidates`` whose level (``envs.levels``) no ``train`` seed plays, one seed per
+    distinct level: disjoint seed ranges still share levels (a small generator repeats them)."""
+    driver = JaxEnvDriver(env, env_params, 1)
+    seen = set(driver.reset(train).levels.tolist())
+    keep, ids = [], driver.reset(candidates).levels.tolist()
+    for seed, level in zip(candidates, ids, strict=True):
+        if level not in seen:
+            seen.add(level)
+            keep.append(seed)
+    return np.asarray(keep, np.int64)
 
 
 def board_rows(env, env_params, seeds: np.ndarray, walk: int, rng: np.random.Generator
@@ -108,14 +122,17 @@ def main() -> None:
     env, env_params = make("sokoban", dim_room=(6, 6), num_boxes=1, max_steps=100)
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
-    train_rows = board_rows(env, env_params, TRAIN_SEEDS + np.arange(args.levels), args.walk, rng)
-    val_rows = board_rows(env, env_params, VAL_SEEDS + np.arange(args.val_levels), args.walk, rng)
+    train_seeds = TRAIN_SEEDS + np.arange(args.levels)
+    val_seeds = held_out_seeds(env, env_params, train_seeds, VAL_SEEDS + np.arange(args.val_levels))
+    train_rows = board_rows(env, env_params, train_seeds, args.walk, rng)
+    val_rows = board_rows(env, env_params, val_seeds, args.walk, rng)
     names = env.action_names_for(train_rows[0][0])
     tokenizer = tokenizers.builtin()
     train = encode(env, train_rows, tokenizer, args.form, len(names))
     val = encode(env, val_rows, tokenizer, args.form, len(names))
-    print(f"{len(train_rows)} training rows ({args.levels} levels), {len(val_rows)} held-out rows "
-          f"({args.val_levels} levels), built in {time.perf_counter() - t0:.0f} s", flush=True)
+    print(f"{len(train_rows)} training rows ({args.levels} seeds), {len(val_rows)} held-out rows "
+          f"({len(val_seeds)} distinct levels of {args.val_levels} seeds that no training seed "
+          f"plays), built in {time.perf_counter() - t0:.0f} s", flush=True)
 
     vocab = len(tokenizer.get_vocab()) + 1
     answer_ids = (jnp.array([tokenizer.convert_tokens_to_ids(n) for n in names]) if args.form == "chat"

@@ -529,7 +529,7 @@ def regimes_report(run_dir: Path, budget_min: float | None) -> tuple[Path, Path]
     png = plot_regimes(run_dir, RESULTS / "collapse_regimes.png",
                        title=f"{run_dir.name}: H(Z|X) vs I(X;Z), first-turn pairs (split at run medians)")
     p = "collapse_first_turn_sample/"
-    keys = ("conditional_entropy_est", "mi_estimate", "retrieval_acc@1", "retrieval_chance@1")
+    keys = ("conditional_entropy_est", "mi_estimate", "retrieval_accuracy", "retrieval_chance_level")
     rows = [f"| {s} | " + " | ".join(f"{metrics[s][p + k]:.3f}" for k in keys) + " |"
             for s in sorted(metrics) if all(p + k in metrics[s] for k in keys)]
     tag = tag_of(metrics)

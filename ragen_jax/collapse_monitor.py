@@ -5,8 +5,8 @@ filtering) with the policy that sampled it: first-turn pairs (``collapse_first_t
 trajectory-uniform pairs (``collapse_trajectory_sample/*``), the first turns' format validity
 (``collapse/first_turn_{num_total,num_valid,valid_rate}``) and, with ``enable_think``, the
 share of turns with a non-blank reasoning (``collapse/valid_thinking_rate``). Every process
-scores every process's pairs. The MI z-score's EMA is the monitor's state (``ema``), kept in
-checkpoints by the trainer. ``kinds`` picks the pair kinds: a run whose turns see a window of
+scores every process's pairs. The EMAs of the marginal's std (RAGEN's ``mi_zscore_ema``
+divides by them) are the monitor's state (``ema``), kept in checkpoints by the trainer. ``kinds`` picks the pair kinds: a run whose turns see a window of
 the episode scores only first-turn pairs (its first prompt is the transcript's; a later turn
 saw less than the transcript holds, so trajectory pairs would score text the policy did not
 read).
@@ -44,7 +44,7 @@ class CollapseMonitor:
         self.kinds = kinds  # the pair kinds scored (a subset of KINDS)
         self.seed = seed
         self.enable_think = enable_think
-        self.ema: dict[str, float] = {}  # MI z-score EMA per pair kind
+        self.ema: dict[str, float] = {}  # the marginal std's EMAs per pair kind (token, sequence)
 
     def due(self, step: int) -> bool:
         return bool(self.config.compute_freq) and step % self.config.compute_freq == 0
@@ -82,20 +82,18 @@ class CollapseMonitor:
 
     def _pairs(self, kind: str, policy: Any, inputs: list[list[int]],
                reasonings: list[list[int]], column: np.ndarray) -> dict[str, float]:
-        """``collapse_<kind>/*``: the MI metrics of one set of pairs (sequence sums, plus
-        per-token means of the entropies and MI) and the z-score's EMA. Identical prompts
-        share a label. Empty under 2 inputs."""
+        """``collapse_<kind>/*``: the MI metrics of one set of pairs under RAGEN's names
+        (per-token means, and the sequence sums' ``_seq`` variants), the marginal std's EMAs
+        updated. Identical prompts share a label. Empty under 2 inputs."""
         if len(inputs) < 2:
             return {}
         prefix = f"collapse_{kind}/"
         labels = prompt_labels(inputs)
         per_token, per_seq = cross_scores(policy, inputs, reasonings, self.config.micro_batch_size,
                                          self.config.micro_batch_tokens)
-        out = {prefix + k: v for k, v in collapse_metrics(per_seq, column, labels).items()}
-        tok = collapse_metrics(per_token, column, labels)
-        for k in ("conditional_entropy_est", "reasoning_entropy_est", "mi_estimate"):
-            out[f"{prefix}per_token/{k}"] = tok[k]
-        z, prev = out[prefix + "mi_zscore"], self.ema.get(kind)
-        self.ema[kind] = z if prev is None else self.config.ema * prev + (1 - self.config.ema) * z
-        out[prefix + "mi_zscore_ema"] = self.ema[kind]
-        return out
+        keys = (f"{kind}/marginal_std", f"{kind}/marginal_std_seq")
+        out = collapse_metrics(per_token, column, labels, seq_scores=per_seq,
+                               std_ema=(self.ema.get(keys[0]), self.ema.get(keys[1])),
+                               ema_decay=self.config.ema)
+        self.ema[keys[0]], self.ema[keys[1]] = out["marginal_std_ema"], out["marginal_std_ema_seq"]
+        return {prefix + k: v for k, v in out.items()}

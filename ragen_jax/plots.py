@@ -45,7 +45,7 @@ def _collapse_panels(metrics: dict[int, dict[str, float]]) -> list[tuple[str, li
     info = [(f"collapse_{k}/{m}", f"{name} ({short[k]})") for k in kinds
             for m, name in (("mi_estimate", "I(X;Z)"), ("conditional_entropy_est", "H(Z|X)"))]
     retrieval = [(f"collapse_{k}/{m}", f"{name} ({short[k]})") for k in kinds
-                 for m, name in (("retrieval_acc@1", "acc@1"), ("retrieval_chance@1", "chance"))]
+                 for m, name in (("retrieval_accuracy", "acc@1"), ("retrieval_chance_level", "chance"))]
     return [("collapse: I(X;Z), H(Z|X) (nats)", info), ("collapse: retrieval acc@1 vs chance", retrieval)]
 
 

@@ -310,7 +310,7 @@ class DiagnosticsConfig:
     trajectory_samples: int = 64  # trajectory-uniform pairs, each its own input; 0 = off (RAGEN: 64)
     micro_batch_size: int = 128  # rows per cross-scoring forward pass (RAGEN: 128)
     micro_batch_tokens: int = 65536  # and at most this many cache slots (rows x (input + reasoning)) per pass: bounds memory on long contexts (veRL's log_prob_max_token_len_per_gpu role)
-    ema: float = 0.9  # EMA decay of the MI z-score (one EMA per pair kind)
+    ema: float = 0.9  # EMA decay of the marginal's std that mi_zscore_ema divides by (RAGEN: 0.9; one per pair kind)
     gradient_analysis: bool = False  # per-component grad norms by reward-std bucket, every compute_freq steps (costly)
     gradient_buckets: int = 3  # reward-std buckets of groups for it (RAGEN: 4-6)
 

@@ -13,6 +13,7 @@ import numpy as np
 from ragen_jax.envs.registry import make
 from ragen_jax.envs.solvers import solve
 from ragen_jax.models import tokenizer as tokenizers
+from ragen_jax.rollout.env_driver import JaxEnvDriver
 
 _DIR = Path(__file__).resolve().parent.parent / "experiments"
 sys.path.insert(0, str(_DIR))
@@ -40,3 +41,14 @@ def test_rows_are_labelled_by_the_solver_and_encoded_as_the_rollout_shows_them()
         assert (data["optimal"] <= data["legal"]).all() and (data["solver"].sum(1) == 1).all()
     text = tok.decode(board_reading.encode(env, rows[:1], tok, "chat", len(names))["input_ids"][0])
     assert env.render_text(rows[0][0]) in text and text.endswith("assistant\n<answer>")
+
+
+def test_held_out_levels_are_no_training_level_and_each_once():
+    env, params = make("sokoban", dim_room=(6, 6), num_boxes=1, max_steps=100)
+    train, candidates = np.arange(256), 1000 + np.arange(256)
+    kept = board_reading.held_out_seeds(env, params, train, candidates)
+    driver = JaxEnvDriver(env, params, 1)
+    seen, ids = set(driver.reset(train).levels.tolist()), driver.reset(candidates).levels.tolist()
+    kept_ids = driver.reset(kept).levels.tolist()
+    assert not seen & set(kept_ids) and len(set(kept_ids)) == len(kept_ids)
+    assert len(kept) == len(set(ids) - seen) < len(candidates)  # the ranges shared levels

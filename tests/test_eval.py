@@ -26,6 +26,10 @@ def test_eval_writes_metrics_trajectories_and_viewer(tmp_path, capsys):
     assert len(lines) == 4
     trajs = [json.loads(x) for x in lines]
     assert [t["seed"] for t in trajs] == [123, 123, 124, 124]
+    # A group's episodes share a level; the report counts the distinct ones.
+    assert trajs[0]["level"] == trajs[1]["level"] and trajs[2]["level"] == trajs[3]["level"]
+    distinct = len({t["level"] for t in trajs})
+    assert metrics["metrics"]["Sokoban/distinct_levels"] == distinct and "Sokoban/distinct_levels" in printed
     for t in trajs:
         roles = [m["role"] for m in t["messages"]]
         assert roles[:3] == ["system", "user", "assistant"] and len(t["turns"]) <= 2

@@ -24,7 +24,7 @@ def _write_run(run_dir: Path, collapse: bool) -> Path:
                 for kind in ("first_turn_sample", "trajectory_sample"):
                     p = f"collapse_{kind}/"
                     m |= {p + "mi_estimate": 0.5 - step / 50, p + "conditional_entropy_est": 3.0 - step / 10,
-                          p + "retrieval_acc@1": 0.6 - step / 50, p + "retrieval_chance@1": 0.125}
+                          p + "retrieval_accuracy": 0.6 - step / 50, p + "retrieval_chance_level": 0.125}
             f.write(json.dumps(m) + "\n")
     return run_dir
 

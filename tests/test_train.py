@@ -200,8 +200,8 @@ def test_run_writes_metrics_checkpoints_and_trajectories(reference_run):
     assert all(a < b for a, b in zip(elapsed, elapsed[1:], strict=False)) and elapsed[-1] >= sum(
         metrics[s]["timing_s/step"] for s in range(1, 5))
     for kind in ("first_turn_sample", "trajectory_sample"):  # diagnostics every 2 steps
-        for name in ("mi_estimate", "retrieval_acc@1", "retrieval_chance@1", "mi_zscore_ema",
-                     "conditional_entropy_est", "per_token/mi_estimate"):
+        for name in ("mi_estimate", "retrieval_accuracy", "retrieval_chance_level", "mi_zscore_ema",
+                     "conditional_entropy_est", "mi_seq_estimate", "mi_zscore_ema_seq"):
             key = f"collapse_{kind}/{name}"
             assert np.isfinite(metrics[3][key]) and key not in metrics[2], key
     assert metrics[3]["collapse/first_turn_num_total"] == 8  # 2 groups x 4 episodes

@@ -10,7 +10,12 @@ log-probabilities; the true input of ``z_i`` is column ``c_i``. Then
   upper bound is log N;
 - retrieval accuracy @k: the true input (or one identical to it) is among the k best columns;
 - the MI z-score ``mean((matched - marginal) / (std(marginal) + 1e-3))``, the std taken over
-  the sampled reasonings.
+  the sampled reasonings (and over an EMA of that std across steps, ``mi_zscore_ema``).
+
+As RAGEN, ``l`` is the per-token mean log-probability for the main names (``mi_estimate``,
+``conditional_entropy_est``, ``mi_zscore``, retrieval) and the sequence sum for the
+``_seq`` variants (``mi_seq_estimate``, ``conditional_entropy_seq_est``, ...), so curves under
+one name are comparable with RAGEN's.
 
 ``cross_scores`` computes the matrix with the policy in jitted micro-batches (the output head
 runs on chunks of positions, ``starpo.token_scores``: a micro-batch's logits are never all in
@@ -23,8 +28,8 @@ turn's sampled tokens, Z = those tokens; one column per pair, identical X's shar
 ``prompt_labels`` gives those labels, ``first_turn_validity`` RAGEN's first-turn counts and
 ``valid_thinking_counts`` its share of turns with a parsed, non-blank reasoning.
 The trainer logs both kinds every ``diagnostics.compute_freq`` steps under RAGEN's names
-``collapse_first_turn_sample/*`` and ``collapse_trajectory_sample/*`` (with per-token
-variants and an EMA of the z-score per kind), plus ``collapse/first_turn_{num_total,
+``collapse_first_turn_sample/*`` and ``collapse_trajectory_sample/*`` (per-token means and
+sequence-sum ``_seq`` variants, and EMAs of the marginal's std per kind), plus ``collapse/first_turn_{num_total,
 num_valid,valid_rate}`` and (with ``enable_think``) ``collapse/valid_thinking_rate``. The
 gradient-norm-by-reward-std-bucket analysis is ``ragen_jax.starpo.gradient_analysis``.
 
@@ -119,41 +124,71 @@ def _pair_scores(model, cache, first_logp, x_len, column, z_ids, z_real):
     return jnp.where(z_real[:, 0], first, 0.0) + jnp.sum(rest, axis=1)
 
 
-def collapse_metrics(scores: jax.Array, true_column: jax.Array, input_ids: jax.Array | None = None,
-                     ks: tuple[int, ...] = (1, 2, 4, 8)) -> dict[str, float]:
-    """RAGEN's MI diagnostics from a cross-score matrix ``scores [n_z, n_x]``.
+def mi_terms(scores: jax.Array, true_column: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(matched [n_z], marginal [n_z])`` of a cross-score matrix ``scores [n_z, n_x]``."""
+    scores = jnp.asarray(scores, jnp.float32)
+    n_z, n_x = scores.shape
+    matched = scores[jnp.arange(n_z), jnp.asarray(true_column)]
+    marginal = jax.scipy.special.logsumexp(scores, axis=1) - math.log(n_x)
+    return matched, marginal
 
-    ``true_column [n_z]`` is each reasoning's own input; ``input_ids [n_x]`` labels identical
-    inputs (same id = same prompt, counted as a correct retrieval), default all distinct.
+
+def collapse_metrics(scores: jax.Array, true_column: jax.Array, input_ids: jax.Array | None = None,
+                     ks: tuple[int, ...] = (2, 4, 8), *, seq_scores: jax.Array | None = None,
+                     std_ema: tuple[float | None, float | None] = (None, None),
+                     ema_decay: float = 0.9) -> dict[str, float]:
+    """RAGEN's MI diagnostics, under RAGEN's names.
+
+    ``scores [n_z, n_x]`` is the per-token-mean cross-score matrix (RAGEN's ``mi_estimate``,
+    ``conditional_entropy_est``, ``mi_zscore``, retrieval, ... are per-token means);
+    ``seq_scores``, the sequence-sum matrix, adds RAGEN's ``*_seq*`` variants
+    (``mi_seq_estimate``, ``conditional_entropy_seq_est``, ``reasoning_entropy_seq_est``,
+    ``marginal_std_seq``, ``mi_zscore_seq``). ``true_column [n_z]`` is each reasoning's own
+    input; ``input_ids [n_x]`` labels identical inputs (same id = same prompt, counted as a
+    correct retrieval), default all distinct. ``std_ema``: the previous EMAs of the marginal's
+    std (per-token, sequence; None before the first), updated here with ``ema_decay`` and
+    returned as ``marginal_std_ema`` / ``marginal_std_ema_seq`` with RAGEN's
+    ``mi_zscore_ema`` / ``mi_zscore_ema_seq`` (the gap over the EMA of the std).
     """
     scores = jnp.asarray(scores, jnp.float32)
     n_z, n_x = scores.shape
     true_column = jnp.asarray(true_column)
     labels = jnp.arange(n_x) if input_ids is None else jnp.asarray(input_ids)
-    matched = scores[jnp.arange(n_z), true_column]
-    marginal = jax.scipy.special.logsumexp(scores, axis=1) - math.log(n_x)
-    gap = matched - marginal
-    out = {
-        "conditional_entropy_est": float(-matched.mean()),
-        "reasoning_entropy_est": float(-marginal.mean()),
-        "mi_estimate": float(gap.mean()),
-        "mi_upper_bound": math.log(n_x),
-        "mi_zscore": float(jnp.mean(gap / (jnp.std(marginal) + 1e-3))),
-        "marginal_std": float(jnp.std(marginal)),
-    }
-    # Retrieval: the best column equivalent to the truth against the other columns; ties are
-    # broken uniformly at random (in expectation), so an input-blind policy scores chance.
+    out = {"mi_upper_bound": math.log(n_x)}
+    variants = [("", scores, std_ema[0])]
+    if seq_scores is not None:
+        variants.append(("_seq", jnp.asarray(seq_scores, jnp.float32), std_ema[1]))
+    for suffix, matrix, prev in variants:
+        matched, marginal = mi_terms(matrix, true_column)
+        gap, std = matched - marginal, float(jnp.std(marginal))
+        ema = std if prev is None else ema_decay * prev + (1 - ema_decay) * std
+        est = "_seq_est" if suffix else "_est"
+        out |= {
+            f"conditional_entropy{est}": float(-matched.mean()),
+            f"reasoning_entropy{est}": float(-marginal.mean()),
+            ("mi_seq_estimate" if suffix else "mi_estimate"): float(gap.mean()),
+            f"matched_log_prob_mean{suffix}": float(matched.mean()),
+            f"marginal_log_prob_mean{suffix}": float(marginal.mean()),
+            f"marginal_std{suffix}": std,
+            f"mi_zscore{suffix}": float(jnp.mean(gap / (std + 1e-3))),
+            f"marginal_std_ema{suffix}": ema,
+            f"mi_zscore_ema{suffix}": float(jnp.mean(gap / (ema + 1e-3))),
+        }
+    # Retrieval on the per-token scores: the best column equivalent to the truth against the
+    # other columns; ties are broken uniformly at random (in expectation), so an input-blind
+    # policy scores chance.
     equivalent = labels[None, :] == labels[true_column][:, None]  # [n_z, n_x]
     best_true = jnp.max(jnp.where(equivalent, scores, -jnp.inf), axis=1)[:, None]
     higher = jnp.sum((scores > best_true) & ~equivalent, axis=1)
     ties = jnp.sum((scores == best_true) & ~equivalent, axis=1)
     n_distinct = len(np.unique(np.asarray(labels)))
-    for k in ks:
+    for k in (1, *ks):
         acc = float(jnp.mean(jnp.clip((k - higher) / (ties + 1.0), 0.0, 1.0)))
         chance = min(k / n_distinct, 1.0)
-        out[f"retrieval_acc@{k}"] = acc
-        out[f"retrieval_chance@{k}"] = chance
-        out[f"retrieval_margin@{k}"] = acc - chance
+        at = "" if k == 1 else f"@{k}"
+        out[f"retrieval_accuracy{at}"] = acc
+        out[f"retrieval_chance_level{at}"] = chance
+        out[f"retrieval_above_chance{at}"] = acc - chance
     return out
 
 

@@ -20,8 +20,8 @@ def test_input_blind_reasoning_has_zero_mi_and_chance_retrieval():
     per_z = rng.normal(size=(16, 1))  # the score of z does not depend on x at all
     m = collapse_metrics(np.repeat(per_z, n, axis=1), rng.integers(0, n, 16))
     assert m["mi_estimate"] == pytest.approx(0.0, abs=1e-6)
-    assert m["retrieval_acc@1"] == pytest.approx(1 / n)
-    assert m["retrieval_acc@4"] == pytest.approx(m["retrieval_chance@4"])
+    assert m["retrieval_accuracy"] == pytest.approx(1 / n)
+    assert m["retrieval_accuracy@4"] == pytest.approx(m["retrieval_chance_level@4"])
     assert m["conditional_entropy_est"] == pytest.approx(m["reasoning_entropy_est"], abs=1e-6)
     assert m["mi_zscore"] == pytest.approx(0.0, abs=1e-4)
 
@@ -33,7 +33,7 @@ def test_input_copying_reasoning_has_mi_near_log_n_and_perfect_retrieval():
     m = collapse_metrics(scores, np.arange(n))
     assert m["mi_estimate"] == pytest.approx(math.log(n), abs=1e-6)
     assert m["mi_upper_bound"] == pytest.approx(math.log(n))
-    assert m["retrieval_acc@1"] == 1.0 and m["retrieval_margin@1"] == pytest.approx(1 - 1 / n)
+    assert m["retrieval_accuracy"] == 1.0 and m["retrieval_above_chance"] == pytest.approx(1 - 1 / n)
     assert m["mi_zscore"] > 1.0
 
 
@@ -51,7 +51,39 @@ def test_identical_prompts_count_as_correct_and_order_does_not_matter():
     copy = np.full((2, 4), -9.0)
     copy[0, 2] = 0.0  # z0's true prompt is column 1, an identical prompt sits in column 2
     copy[1, 3] = 0.0
-    assert collapse_metrics(copy, np.array([1, 3]), labels)["retrieval_acc@1"] == 1.0
+    assert collapse_metrics(copy, np.array([1, 3]), labels)["retrieval_accuracy"] == 1.0
+
+
+def test_ragen_names_are_per_token_means_and_seq_names_sums_with_an_ema_of_the_std():
+    """RAGEN's ``mi_estimate`` etc. come from the per-token matrix, ``mi_seq_estimate`` etc.
+    from the sums; ``mi_zscore_ema`` divides by an EMA of the marginal's std (hand-computed)."""
+    rng = np.random.default_rng(2)
+    lengths = np.array([3.0, 5.0, 2.0, 7.0])[:, None]
+    sums = rng.normal(size=(4, 3)) * lengths
+    truth = np.array([0, 1, 2, 0])
+    m = collapse_metrics(sums / lengths, truth, seq_scores=sums, std_ema=(0.5, 2.0), ema_decay=0.9)
+
+    def hand(matrix):
+        matched = matrix[np.arange(4), truth]
+        marginal = np.log(np.exp(matrix).sum(1)) - math.log(3)
+        return matched, marginal, matched - marginal
+
+    for suffix, matrix, prev in (("", sums / lengths, 0.5), ("_seq", sums, 2.0)):
+        matched, marginal, gap = hand(matrix)
+        ema = 0.9 * prev + 0.1 * marginal.std()
+        name = "mi_seq_estimate" if suffix else "mi_estimate"
+        est = "_seq_est" if suffix else "_est"
+        assert m[name] == pytest.approx(gap.mean(), abs=1e-5)
+        assert m[f"conditional_entropy{est}"] == pytest.approx(-matched.mean(), abs=1e-5)
+        assert m[f"reasoning_entropy{est}"] == pytest.approx(-marginal.mean(), abs=1e-5)
+        assert m[f"marginal_std{suffix}"] == pytest.approx(marginal.std(), abs=1e-5)
+        assert m[f"mi_zscore{suffix}"] == pytest.approx((gap / (marginal.std() + 1e-3)).mean(), abs=1e-4)
+        assert m[f"marginal_std_ema{suffix}"] == pytest.approx(ema, abs=1e-5)
+        assert m[f"mi_zscore_ema{suffix}"] == pytest.approx((gap / (ema + 1e-3)).mean(), abs=1e-4)
+    assert m["mi_estimate"] != pytest.approx(m["mi_seq_estimate"], abs=1e-3)
+    first = collapse_metrics(sums / lengths, truth)  # no EMA yet: it starts at the std itself
+    assert first["marginal_std_ema"] == pytest.approx(first["marginal_std"])
+    assert "mi_seq_estimate" not in first
 
 
 def test_cross_scores_equal_separate_teacher_forcing():
