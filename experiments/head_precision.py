@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import os
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -98,8 +99,7 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+        Path(args.out).write_text(text)
 
 
 if __name__ == "__main__":

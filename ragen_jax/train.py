@@ -74,7 +74,8 @@ ROLLOUT_COUNTS = tuple(f"rollout/{k}" for k in (
 # Rollout fields that change no warm-start data (its scripted episodes play levels of their own,
 # in groups of their own size, and RL's windows, batches and validation are not theirs): the
 # warm-start's cache key takes them at RolloutConfig's defaults, so runs that differ only in
-# them share the prior. tests/test_sft.py checks the data is the same.
+# them share the prior. tests/test_sft.py checks the data is the same. (Which levels validation
+# holds out does change the data: the key takes the held-out level ids themselves.)
 _PRIOR_FREE_ROLLOUT = {name: getattr(RolloutConfig(), name) for name in (
     "context_window", "window_turns", "use_turn_scores", "env_groups", "group_size",
     "val_groups", "val_group_size", "val_temperature")}

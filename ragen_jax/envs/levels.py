@@ -59,6 +59,8 @@ def _murmur(words: jax.Array, seed: int) -> jax.Array:
 
 def _words(x: jax.Array) -> jax.Array:
     """``x`` as ``uint32`` words, its size first (so [1, 2] + [3] differs from [1] + [2, 3])."""
+    if jax.dtypes.issubdtype(jnp.result_type(x), jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
     x = jnp.asarray(x)
     if jnp.issubdtype(x.dtype, jnp.floating):
         flat = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32).reshape(-1)

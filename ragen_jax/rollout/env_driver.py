@@ -146,30 +146,37 @@ def held_out_reset(env: Any) -> Callable:
         return _HELD_OUT_RESETS[env]
 
     def one(key, params, held_out):
-        def draw(i):
-            _, state = env.reset_env(jax.random.fold_in(key, i), params)
-            return state, levels.level_hash(env, state)
-
         def is_held_out(lanes):
             return jnp.any(jnp.all(held_out == lanes, axis=-1))
 
-        _, state = env.reset_env(key, params)
-        lanes = levels.level_hash(env, state)
+        def draw(carry):  # draw i: the key itself, then the key folded with i
+            i = carry[0]
+            data = jnp.where(i == 0, jax.random.key_data(key),
+                             jax.random.key_data(jax.random.fold_in(key, i)))
+            _, state = env.reset_env(jax.random.wrap_key_data(data, impl=jax.random.key_impl(key)),
+                                     params)
+            return i + 1, state, levels.level_hash(env, state)
 
-        def cond(carry):
+        def again(carry):
             i, _, lanes = carry
-            return is_held_out(lanes) & (i < levels.MAX_DRAWS)
+            return (i == 0) | (is_held_out(lanes) & (i <= levels.MAX_DRAWS))
 
-        def body(carry):
-            i = carry[0] + 1
-            return (i, *draw(i))
-
-        i, state, lanes = jax.lax.while_loop(cond, body, (jnp.int32(0), state, lanes))
-        return state, lanes, i, is_held_out(lanes)
+        # One traced reset (the generator is the costly part to compile), in the loop's body.
+        blank = jax.tree.map(_blank, jax.eval_shape(lambda: env.reset_env(key, params)[1]))
+        i, state, lanes = jax.lax.while_loop(again, draw, (jnp.int32(0), blank,
+                                                          jnp.zeros(2, jnp.uint32)))
+        return state, lanes, i - 1, is_held_out(lanes)
 
     fn = jax.jit(jax.vmap(one, in_axes=(0, None, None)))
     _HELD_OUT_RESETS[env] = fn
     return fn
+
+
+def _blank(x: jax.ShapeDtypeStruct) -> jax.Array:
+    """A placeholder array of ``x``'s shape and type (a PRNG key array for a key type)."""
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        return jnp.broadcast_to(jax.random.key(0), x.shape)
+    return jnp.zeros(x.shape, x.dtype)
 
 
 def row_state(states: Any, row: int) -> Any:
