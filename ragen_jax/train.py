@@ -152,6 +152,7 @@ class Trainer:
             with _timed(timings, "diagnostics"):
                 metrics |= self.monitor.measure(batch, self.policy, self.step)
         metrics = dist.mean_metrics(metrics, summed=ROLLOUT_COUNTS)
+        metrics |= self._distinct_levels(batch, "train/")
         # The padding of the whole batch (every process's rows) at the update's width: what
         # mixing envs of different lengths costs.
         metrics["rollout/pad_fraction"] = padding_fraction(
@@ -224,7 +225,20 @@ class Trainer:
                             lambda i: self._key(1, self.step, i), share=dist.share)
         metrics = {f"val-env/{k}": v for k, v in batch.metrics.items()
                    if k.split("/", 1)[0] in self.rollouts}
-        return dist.mean_metrics(metrics), batch
+        return dist.mean_metrics(metrics) | self._distinct_levels(batch, "val-env/"), batch
+
+    def _distinct_levels(self, batch: RolloutBatch, prefix: str) -> dict[str, float]:
+        """``{prefix}{tag}/distinct_levels`` over every process's episodes (a process plays a
+        share of the groups: a mean of the processes' counts would not be the count)."""
+        mine: dict[str, set[int]] = {}
+        for ep, slot in zip(batch.episodes, batch.tag_ids, strict=True):
+            if ep.level:
+                mine.setdefault(self.slots[int(slot)].tag, set()).add(int(ep.level))
+        seen: dict[str, set[int]] = {}
+        for part in dist.allgather_json({tag: sorted(ids) for tag, ids in mine.items()}):
+            for tag, ids in part.items():
+                seen.setdefault(tag, set()).update(ids)
+        return {f"{prefix}{tag}/distinct_levels": float(len(ids)) for tag, ids in seen.items()}
 
     def warmstart(self) -> dict[str, float]:
         """The supervised stages before RL (SFT, then the warm-start), in place on the actor;
