@@ -31,7 +31,7 @@ def test_prior_data_and_training_stream_hold_out_every_validation_level(config, 
         "--config.model.hidden_size=32", "--config.model.intermediate_size=64",
         "--config.model.num_hidden_layers=1",
         # The presets' data, smaller: the same generators, policies and seeds.
-        "--config.warmstart.episodes=512", "--config.warmstart.turn_episodes=512"])
+        "--config.warmstart.episodes=256", "--config.warmstart.turn_episodes=256"])
     played: list[str] = []  # every starting state of the prior's scripted episodes
     collect = AgentRollout.collect
 
