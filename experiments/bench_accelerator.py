@@ -59,6 +59,14 @@ def config(size: str, remat: str) -> QwenConfig:
     return model_config(size, **kw)
 
 
+def decode_step_bytes(policy, cfg: QwenConfig, batch: int, slots: int) -> int:
+    """The bytes a decode step reads at the least: every weight of the sampler's copy once,
+    and the keys and values of ``slots`` cache slots of each of ``batch`` rows."""
+    weights = sum(x.nbytes for x in jax.tree.leaves(nnx.state(policy)))
+    kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * np.dtype(cfg.dtype).itemsize
+    return weights + kv * batch * slots
+
+
 def sampling(policy, cfg: QwenConfig, batch: int, args, rng) -> dict:
     prompts = rng.randint(10, cfg.vocab_size, (batch, args.prompt)).tolist()
     sampler = Sampler(policy)
@@ -148,11 +156,9 @@ def main() -> None:
         actor = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))
         policy = compute_copy(actor)
         n_params = sum(x.size for x in jax.tree.leaves(nnx.state(actor, nnx.Param)))
-        weight_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(policy)))
         for b in [int(x) for x in args.batches.split(",") if x]:
             r = sampling(policy, cfg, b, args, rng)
-            kv = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 2
-            bound_ms = 1e3 * (weight_bytes + kv * b * (args.prompt + args.new)) / (bw * 1e9)
+            bound_ms = 1e3 * decode_step_bytes(policy, cfg, b, args.prompt + args.new) / (bw * 1e9)
             pre_tf = work_gflop(cfg, b, args.prompt, 1) / r["prefill_s"] / 1e3
             lines.append(f"| {size} | {b} | {b * args.new / r['full_s']:.0f} | {r['first_s']:.1f} | "
                          f"{r['prefill_s']:.3f} | {pre_tf:.1f} | {r['decode_ms']:.2f} | "

@@ -1,4 +1,4 @@
-"""Greedy decode against the memory-bandwidth bound, under several XLA flag sets (issue 55).
+"""Greedy decode against the memory-bandwidth bound, under several XLA flag sets.
 
 Random Qwen2.5-shaped weights (real 151,936-token vocabulary, ``--sizes``), the sampler on
 the bf16 ``compute_copy``, ``--prompt`` random prompt tokens and exactly ``--new`` new tokens
@@ -429,7 +429,7 @@ def worker(args) -> None:
     sys.path.insert(0, str(HERE))
     import jax
     import numpy as np
-    from bench_accelerator import config
+    from bench_accelerator import config, decode_step_bytes
     from bench_peers import memory_bandwidth
     from flax import nnx
 
@@ -448,12 +448,10 @@ def worker(args) -> None:
     for size in args.sizes.split(","):
         cfg = config(size, "dots")
         policy = compute_copy(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)))
-        weight_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(policy)))
-        slot_bytes = (2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim
-                      * np.dtype(cfg.dtype).itemsize)
         for b in [int(x) for x in args.batches.split(",") if x]:
-            base = {"size": size, "batch": b, "weight_bytes": weight_bytes,
-                    "slot_bytes": slot_bytes, "slots": args.prompt + args.new}
+            slots = args.prompt + args.new
+            base = {"size": size, "batch": b, "slots": slots,
+                    "step_bytes": decode_step_bytes(policy, cfg, b, slots)}
             keep = None
             if args.hlo_dir and b == args.trace_batch:
                 keep = Path(args.hlo_dir) / f"hlo_{args.worker}_{size}_b{b}.txt.gz"
@@ -530,7 +528,7 @@ def run_flagset(name: str, flags: str, args, timeout: float, work: Path,
 def _bound_ms(row: dict, bw: float | None) -> float | None:
     if not bw:
         return None
-    return 1e3 * (row["weight_bytes"] + row["slot_bytes"] * row["batch"] * row["slots"]) / (bw * 1e9)
+    return 1e3 * row["step_bytes"] / (bw * 1e9)
 
 
 def timing_lines(results: list[dict], bw: float | None, args) -> list[str]:

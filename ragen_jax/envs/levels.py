@@ -9,7 +9,7 @@ defined by a seed range is not held out. The rollout compares levels by identity
 
 * ``level_hash(env, state)``: a jittable 64-bit hash (two ``uint32`` lanes, MurmurHash3's
   mixing) of one unbatched JAX state's level fields, their sizes included;
-* ``level_ids(env, states)``: the same for a batch, as ``uint64`` on the host;
+* ``as_uint64`` / ``as_lanes``: the ids as host ``uint64`` and back to device lanes;
 * ``text_level_id(text)``: a host env's identity, BLAKE2b of its level key;
 * ``redraw_seed(seed, draw)``: the seed a host env is reset with on its ``draw``-th redraw
   (a JAX env folds the draw into its key instead, ``env_driver.held_out_reset``).
@@ -91,11 +91,6 @@ def as_lanes(ids: Any) -> np.ndarray:
     """``[N] uint64`` ids as ``[N, 2] uint32`` lanes (the device's form)."""
     ids = np.asarray(ids, np.uint64).reshape(-1)
     return np.stack([ids >> np.uint64(32), ids & np.uint64(0xFFFFFFFF)], -1).astype(np.uint32)
-
-
-def level_ids(env: Any, states: Any) -> np.ndarray:
-    """``[N] uint64``: the level ids of a batch of JAX env states (leading axis N)."""
-    return as_uint64(jax.jit(jax.vmap(lambda s: level_hash(env, s)))(states))
 
 
 def text_level_id(text: str) -> np.uint64:
