@@ -17,7 +17,11 @@ bfloat16 compute on float32 master weights as the trainer keeps them, the sample
    (``6 x parameters x tokens`` plus causal attention, over the measured peak) and the
    process's peak device memory so far (where the backend reports it; the sampling before it
    counts too: ``--batches ''`` skips sampling); a step that fails (out of memory) is a row
-   saying so.
+   saying so;
+4. with ``--trace-update DIR``, one more warm train step under ``jax.profiler.trace``,
+   summarised from its Perfetto JSON (``bench_decode.load_trace``): wall and GPU-busy ms,
+   kernels launched, the kernels by kind (name without its numeric suffix) and the top
+   kernels by time.
 
 Runs anywhere JAX runs (on the CPU it is slow: use ``--sizes 0.5b --batches 1 --new 8``).
 
@@ -27,6 +31,7 @@ Runs anywhere JAX runs (on the CPU it is slow: use ``--sizes 0.5b --batches 1 --
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -110,8 +115,57 @@ def train_step(actor, cfg: QwenConfig, args, rng) -> dict:
         holder["loss"] = float(m["actor/pg_loss"])
 
     one()
-    return {"step_s": timed(one, args.repeats), "compile_s": compile_s,
-            "loss_finite": bool(np.isfinite(holder["loss"]))}
+    res = {"step_s": timed(one, args.repeats), "compile_s": compile_s,
+           "loss_finite": bool(np.isfinite(holder["loss"]))}
+    if args.trace_update:
+        trace_dir = Path(args.trace_update)
+        trace_dir.mkdir(parents=True, exist_ok=True)
+        with jax.profiler.trace(str(trace_dir), create_perfetto_trace=True):
+            with jax.profiler.TraceAnnotation(UPDATE_ANNOTATION):
+                one()
+        res["trace_dir"] = str(trace_dir)
+    return res
+
+
+UPDATE_ANNOTATION = "bench_update_step"
+
+
+def update_trace_lines(trace_dir: Path, top: int = 15) -> list[str]:
+    """Markdown lines summarising the traced train step (``--trace-update``): wall and GPU-busy
+    ms, kernels, kernels by kind, top kernels; on a backend without GPU kernel events, the
+    traced wall ms and what the trace holds."""
+    from collections import Counter
+
+    from bench_decode import _md, _names, _union, load_trace
+
+    events = load_trace(trace_dir)
+    procs, threads = _names(events)
+    spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    window = [(e["ts"], e["ts"] + e["dur"]) for e in spans if e.get("name") == UPDATE_ANNOTATION]
+    if not window:
+        return [f"Annotation {UPDATE_ANNOTATION!r} not found in the trace ({len(spans)} spans)."]
+    t0, t1 = window[0]
+    device = {p for p, n in procs.items() if "/device:" in n and "cpu" not in n.lower()}
+    kernels = [e for e in spans if e.get("pid") in device and t0 <= e["ts"] < t1
+               and "stream" in threads.get((e.get("pid"), e.get("tid")), "").lower()]
+    lines = ["", f"Traced step: wall {(t1 - t0) / 1e3:.1f} ms."]
+    if not kernels:
+        return lines + ["No GPU kernel events in the trace (a CPU backend)."]
+    busy = _union([(e["ts"], e["ts"] + e["dur"]) for e in kernels]) / 1e3
+    lines[-1] += (f" GPU busy {busy:.1f} ms (idle fraction {1 - busy / ((t1 - t0) / 1e3):.2f}), "
+                  f"{len(kernels)} kernels + memcpys.")
+    for title, key in (("kind (name without its numeric suffix)",
+                        lambda n: re.sub(r"(_\d+)+$", "", n)), ("kernel", lambda n: n)):
+        by_t, by_n = Counter(), Counter()
+        for e in kernels:
+            by_t[key(str(e["name"]))] += e["dur"]
+            by_n[key(str(e["name"]))] += 1
+        total = sum(by_t.values()) or 1.0
+        lines += ["", f"Top {top} by time, per {title}:", "",
+                  f"| {title} | count | total ms | share | mean us |", "|---|---:|---:|---:|---:|"]
+        lines += [f"| `{_md(k)}` | {by_n[k]} | {t / 1e3:.2f} | {100 * t / total:.1f}% | "
+                  f"{t / by_n[k]:.1f} |" for k, t in by_t.most_common(top)]
+    return lines
 
 
 def peak_gib() -> str:
@@ -133,6 +187,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--matmul-n", type=int, default=8192)
     ap.add_argument("--bandwidth-gib", type=float, default=4.0)
+    ap.add_argument("--trace-update", default=None, metavar="DIR",
+                    help="trace one more warm train step into DIR and summarise its kernels")
     ap.add_argument("--out", default=None, help="also write the markdown table here")
     args = ap.parse_args()
     dev = jax.devices()[0]
@@ -149,7 +205,7 @@ def main() -> None:
              "ms/token-step | bandwidth bound ms | bound / measured |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     print("\n".join(lines), flush=True)
-    train_lines = []
+    train_lines, trace_lines = [], []
     rng = np.random.RandomState(0)
     for size in args.sizes.split(","):
         cfg = config(size, args.remat)
@@ -177,13 +233,20 @@ def main() -> None:
             train_lines.append(f"{rows} {t['step_s']:.3f} | {tokens / t['step_s']:.0f} | "
                                f"{100 * flop / t['step_s'] / (peak * 1e12):.0f}% | "
                                f"{t['compile_s']:.0f} | {t['loss_finite']} | {peak_gib()} |")
+            if t.get("trace_dir"):
+                try:
+                    trace_lines += ["", f"### {size}: one traced train step",
+                                    *update_trace_lines(Path(t["trace_dir"]))]
+                except Exception as e:  # a trace we cannot read: the timings still stand
+                    trace_lines.append(f"Trace not summarised: {type(e).__name__}: {e}")
+                print("\n".join(trace_lines), flush=True)
         print(train_lines[-1], flush=True)
         del actor
     lines += ["", f"## Policy-gradient train step (AdamW, {args.micro_batches} micro-batch(es), "
               f"remat {args.remat!r}, half of each row trained)", "", "| shape | parameters | rows x tokens | step s | tokens/s | MFU "
               "(6N + attention) | compile s | loss finite | peak GiB (process) |",
               "|---|---:|---|---:|---:|---:|---:|---|---:|",
-              *train_lines, ""]
+              *train_lines, *trace_lines, ""]
     text = "\n".join(lines)
     print(text)
     if args.out:

@@ -13,14 +13,21 @@ the bf16 ``compute_copy``, ``--prompt`` random prompt tokens and exactly ``--new
    is the time to read every bf16 weight once plus the keys and values of all
    ``prompt + new`` cache slots of every row at the measured bandwidth (as
    ``bench_accelerator``); **bound / measured** is the fraction of that ceiling the decode
-   reaches (1.0 = bandwidth-bound).
+   reaches (1.0 = bandwidth-bound). **Prefill TFLOP/s**: ``bench_sampler.work_gflop`` of the
+   prompts over the 1-step call's seconds (prefill plus one step and the call's overhead: a
+   slight underestimate).
 3. **Flag sets**: each set of ``XLA_FLAGS`` (``FLAGSETS``: by default ``default``;
    ``cmdbuf_while``, command buffers extended to the decode while-loop; ``cublas_gemm``,
    every GEMM on cuBLAS) runs the same measurements in its own process (flags are read when
    JAX starts), one after another on the same chip, so the ratios between sets are fair. A
    process that fails (an unknown flag aborts XLA at start) or runs past its timeout is a
    row saying so; the rest still run, and sets that no longer fit ``--budget-s`` are rows
-   saying skipped. **vs default** is the default set's decode ms over this set's.
+   saying skipped. **vs default** is the default set's decode ms over this set's; **tokens**
+   the greedy tokens' digest, whether it equals the default set's, and how many rows are
+   identical to its (another accumulation order can flip a near-tie of random weights'
+   logits, and that row differs from there on).
+   ``--other-batches`` runs fewer batches in the sets after the first (compilation, ~15-25 s
+   a batch on an H200, is most of a set's time).
 4. **Kernels per token-step**: the optimized HLO of the sampler's compiled program
    (``generate_jit(...).lower(...).compile().as_text()``, the program the calls above ran).
    The decode loop is its largest ``while``; counted are the instructions of that loop's
@@ -95,6 +102,10 @@ FLAGSETS = {
     "triton_multi_output": "--xla_gpu_unsupported_enable_triton_multi_output_fusion=true",
     # No autotuning: XLA's default GEMM configs, whose split-K choices differ from the tuned.
     "autotune_0": "--xla_gpu_autotune_level=0",
+    # No split-K: every Triton GEMM forced to one pass over K (the profile's decode GEMMs were
+    # split 4-16 ways into float32 partials plus a reduction kernel). The flag exists in
+    # jaxlib 0.10.2's XLA (``xla_gpu_enable_split_k_autotuning`` is a reserved, removed name).
+    "no_split_k": "--xla_gpu_experimental_force_split_k=1",
 }
 
 FREE_OPS = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast", "after-all",
@@ -370,6 +381,7 @@ def decode_timing(policy, cfg, batch: int, args, rng,
     import jax
     import numpy as np
     from bench_peers import timed
+    from bench_sampler import work_gflop
 
     from ragen_jax.rollout import Sampler, SamplingParams
 
@@ -390,11 +402,15 @@ def decode_timing(policy, cfg, batch: int, args, rng,
     steps = call(args.new)
     first = time.perf_counter() - t0
     # The greedy tokens' digest: a flag set must not change what is decoded.
-    digest = hashlib.sha256(np.asarray(jax.device_get(last["tokens"])).tobytes()).hexdigest()[:12]
+    ids = np.asarray(jax.device_get(last["tokens"]))
+    digest = hashlib.sha256(ids.tobytes()).hexdigest()[:12]
     full = timed(lambda: call(args.new), args.repeats)
     short = timed(lambda: call(1), args.repeats)
     row = {"first_s": first, "full_s": full, "short_s": short, "steps": steps, "tokens": digest,
-           "compile_s": first - full, "decode_ms": 1e3 * (full - short) / max(args.new - 1, 1)}
+           "token_ids": ids.tolist(),  # the rows that differ from another set's, in the report
+           "compile_s": first - full, "decode_ms": 1e3 * (full - short) / max(args.new - 1, 1),
+           # the 1-step call is the prefill plus one step: a slight underestimate of its rate
+           "prefill_tflops": work_gflop(cfg, batch, args.prompt, 1) / short / 1e3}
     try:
         text = _sampler_hlo(sampler, prompts, sp)
         row["kernels"] = decode_loop_kernels(text)
@@ -444,7 +460,6 @@ def worker(args) -> None:
         out["bandwidth_gbs"] = memory_bandwidth(args.bandwidth_gib, 10)
         print(f"bandwidth {out['bandwidth_gbs']:.0f} GB/s", flush=True)
         _save(out, path)
-    rng = np.random.RandomState(0)
     for size in args.sizes.split(","):
         cfg = config(size, "dots")
         policy = compute_copy(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)))
@@ -456,7 +471,9 @@ def worker(args) -> None:
             if args.hlo_dir and b == args.trace_batch:
                 keep = Path(args.hlo_dir) / f"hlo_{args.worker}_{size}_b{b}.txt.gz"
             try:
-                row, call = decode_timing(policy, cfg, b, args, rng, keep)
+                # prompts seeded by the batch alone: a flag set that runs fewer batches
+                # (--other-batches) decodes the same prompts as the first set
+                row, call = decode_timing(policy, cfg, b, args, np.random.RandomState(b), keep)
             except Exception as e:  # out of memory, say: a row that says so
                 row, call = {"error": f"{type(e).__name__}: {str(e)[:300]}"}, None
             if call is not None and args.trace_dir and b == args.trace_batch:
@@ -485,6 +502,11 @@ def _tail(path: Path, lines: int) -> str:
         return ""
 
 
+def batches_after(args) -> str:
+    """The batches of every flag set after the first (``--other-batches``, else ``--batches``)."""
+    return args.batches if args.other_batches is None else args.other_batches
+
+
 def run_flagset(name: str, flags: str, args, timeout: float, work: Path,
                 first: bool) -> dict:
     """Runs this script as a ``--worker`` child with ``flags`` in ``XLA_FLAGS``; returns what
@@ -492,7 +514,8 @@ def run_flagset(name: str, flags: str, args, timeout: float, work: Path,
     js, log = work / f"{name}.json", work / f"{name}.log"
     trace_dir = work / f"trace_{name}" if name in args.trace_flagsets.split(",") else None
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", name, "--json", str(js),
-           "--sizes", args.sizes, "--batches", args.batches, "--prompt", str(args.prompt),
+           "--sizes", args.sizes, "--batches", args.batches if first else batches_after(args),
+           "--prompt", str(args.prompt),
            "--new", str(args.new), "--repeats", str(args.repeats),
            "--bandwidth-gib", str(args.bandwidth_gib if first else 0),
            "--trace-batch", str(args.trace_batch), "--trace-steps", str(args.trace_steps),
@@ -531,20 +554,30 @@ def _bound_ms(row: dict, bw: float | None) -> float | None:
     return 1e3 * row["step_bytes"] / (bw * 1e9)
 
 
+def same_rows(mine: list | None, ref: list | None) -> str:
+    """``, k/n rows`` identical to the reference's greedy tokens (where both were kept)."""
+    if not mine or not ref or len(mine) != len(ref):
+        return ""
+    return f", {sum(a == b for a, b in zip(mine, ref, strict=True))}/{len(ref)} rows"
+
+
 def timing_lines(results: list[dict], bw: float | None, args) -> list[str]:
     """The decode table: one row per flag set, shape and batch (or one saying it failed)."""
     base = {(r["size"], r["batch"]): r.get("decode_ms") for res in results
             if res["name"] == "default" for r in res["rows"]}
     digests = {(r["size"], r["batch"]): r.get("tokens") for res in results
                if res["name"] == "default" for r in res["rows"]}
+    ids = {(r["size"], r["batch"]): r.get("token_ids") for res in results
+           if res["name"] == "default" for r in res["rows"]}
     lines = ["| flag set | shape | batch | compile s | decode ms/token-step | decode tok/s | "
-             "bound ms | bound / measured | vs default | tokens (= default's) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "bound ms | bound / measured | vs default | tokens (= default's; rows identical) | 1-step call ms "
+             "| prefill TFLOP/s |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for res in results:
         for r in res["rows"]:
             head = f"| {res['name']} | {r['size']} | {r['batch']} |"
             if "error" in r:
-                lines.append(f"{head} failed: {_md(r['error'], 160)} | | | | | |")
+                lines.append(f"{head} failed: {_md(r['error'], 160)} | | | | | | | |")
                 continue
             bound = _bound_ms(r, bw)
             ms = r["decode_ms"]
@@ -554,11 +587,14 @@ def timing_lines(results: list[dict], bw: float | None, args) -> list[str]:
                 f"{head} {r['compile_s']:.1f} | {ms:.3f}{ran} | {r['batch'] * 1e3 / ms:.0f} | "
                 + (f"{bound:.3f} | {bound / ms:.2f} |" if bound else "n/a | n/a |")
                 + (f" {ref / ms:.2f}x |" if ref else " |")
-                + f" {r.get('tokens')} ({r.get('tokens') == digests.get((r['size'], r['batch']))}) |")
+                + f" {r.get('tokens')} ({r.get('tokens') == digests.get((r['size'], r['batch']))}"
+                + f"{same_rows(r.get('token_ids'), ids.get((r['size'], r['batch'])))}) |"
+                + f" {1e3 * r['short_s']:.1f} | "
+                + (f"{r['prefill_tflops']:.1f} |" if "prefill_tflops" in r else "n/a |"))
         if res["status"] != "ok":
             why = _md(res["log_tail"].replace("\n", " / "), 200)
             lines.append(f"| {res['name']} | {res['status']} ({len(res['rows'])} rows done): "
-                         f"{why} | | | | | | | |")
+                         f"{why} | | | | | | | | | |")
     return lines
 
 
@@ -646,6 +682,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="0.5b", help="0.5b, 1.5b, 3b, 7b or smoke")
     ap.add_argument("--batches", default="1,32,128")
+    ap.add_argument("--other-batches", default=None,
+                    help="batches of the flag sets after the first (default: --batches); the "
+                         "first set's rows are the reference of every 'vs default' ratio")
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
