@@ -1,4 +1,6 @@
-"""The Qwen2 / Qwen2.5 decoder in Flax NNX, in one file.
+"""The Qwen2 / Qwen2.5 decoder in Flax NNX, in one file; with a few switches of its config
+(``QwenConfig.model_type``) also Llama (SmolLM2, Llama 3.x) and dense Qwen3, which share its
+structure and its checkpoints' names.
 
 Module and parameter names follow the Hugging Face checkpoint exactly, and every weight keeps the
 Hugging Face layout (``nn.Linear`` weights are ``[out, in]``). The decoder layers are stored
