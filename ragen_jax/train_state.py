@@ -99,7 +99,7 @@ def load_tokenizer(model: ModelConfig) -> Any:
 
 
 def check_model_folder(model: ModelConfig) -> None:
-    """Checks a folder run's inputs before anything heavy starts: ``config.json`` (a Qwen2
+    """Checks a folder run's inputs before anything heavy starts: ``config.json`` (a supported
     architecture), the safetensors headers (a truncated file or a bad header fails here)
     and the tokenizer (loadable, no larger than the embedding); raises ``CheckpointError``
     with one line."""

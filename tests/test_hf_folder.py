@@ -156,7 +156,7 @@ def _broken(folder: Path, tmp_path: Path, how: str) -> Path:
         (bad / "config.json").unlink()
     elif how == "wrong-architecture":
         cfg = json.loads((bad / "config.json").read_text())
-        cfg.update(model_type="llama", architectures=["LlamaForCausalLM"])
+        cfg.update(model_type="gemma", architectures=["GemmaForCausalLM"])
         (bad / "config.json").write_text(json.dumps(cfg))
     elif how == "no-tokenizer":
         for name in ("tokenizer.json", "vocab.json", "merges.txt"):
@@ -174,7 +174,7 @@ def _broken(folder: Path, tmp_path: Path, how: str) -> Path:
 
 
 BROKEN = {"truncated": "model.safetensors", "bad-header": "model.safetensors",
-          "no-config": "no config.json", "wrong-architecture": "LlamaForCausalLM",
+          "no-config": "no config.json", "wrong-architecture": "GemmaForCausalLM",
           "no-tokenizer": "no tokenizer files", "small-embedding": "only 1000 rows"}
 
 

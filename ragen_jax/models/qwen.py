@@ -1,4 +1,6 @@
-"""The Qwen2 / Qwen2.5 decoder in Flax NNX, in one file.
+"""The Qwen2 / Qwen2.5 decoder in Flax NNX, in one file; with a few switches of its config
+(``QwenConfig.model_type``) also Llama (SmolLM2, Llama 3.x) and dense Qwen3, which share its
+structure and its checkpoints' names.
 
 Module and parameter names follow the Hugging Face checkpoint exactly, and every weight keeps the
 Hugging Face layout (``nn.Linear`` weights are ``[out, in]``). The decoder layers are stored
@@ -51,6 +53,10 @@ _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 # What a decoder layer saves for the backward pass under each ``QwenConfig.remat``; None: no
 # rematerialisation at all.
+# The Hugging Face families this decoder implements: model_type -> architecture class name.
+MODEL_TYPES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
 REMAT_POLICIES = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
@@ -65,7 +71,19 @@ REMAT_POLICIES = {
 
 @dataclasses.dataclass(frozen=True)
 class QwenConfig:
-    """Architecture hyper-parameters, named as in a Hugging Face Qwen2 ``config.json``.
+    """Architecture hyper-parameters, named as in a Hugging Face ``config.json``.
+
+    One decoder covers three families, told apart by ``model_type`` and the few switches that
+    differ between them (everything else, the names and layouts of the weights included, is
+    shared):
+
+    ============  ==================  ==============================  ====================
+    model_type    q/k/v bias          per-head q/k RMSNorm            rope
+    ============  ==================  ==============================  ====================
+    ``qwen2``     yes                 no                              default
+    ``llama``     ``attention_bias``  no                              default or ``llama3``
+    ``qwen3``     ``attention_bias``  yes (``q_norm``, ``k_norm``)    default
+    ============  ==================  ==============================  ====================
 
     ``param_dtype`` is the storage dtype of the weights, ``dtype`` the compute dtype of the
     activations (matmuls); norms, softmax and logits are always computed in float32.
@@ -85,6 +103,12 @@ class QwenConfig:
     initializer_range: float = 0.02
     bos_token_id: int | None = None
     eos_token_id: int | None = None
+    model_type: str = "qwen2"  # "qwen2" | "llama" | "qwen3": MODEL_TYPES
+    attention_bias: bool | None = None  # biases on q/k/v (and o for llama); None: the family's
+    mlp_bias: bool = False  # llama's biases on gate/up/down
+    # llama3 rope scaling (Llama 3.1+): (factor, low_freq_factor, high_freq_factor,
+    # original_max_position_embeddings); None: plain rope.
+    rope_llama3: tuple[float, float, float, int] | None = None
     param_dtype: Any = jnp.float32
     dtype: Any = jnp.float32
     # Not a checkpoint field: calls with a KV cache (sampling, scoring on a cached prefix)
@@ -105,6 +129,12 @@ class QwenConfig:
     remat: str = "none"
 
     def __post_init__(self):
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(f"model_type must be one of {tuple(MODEL_TYPES)}, got {self.model_type!r}")
+        if self.attention_bias is None:
+            object.__setattr__(self, "attention_bias", self.model_type == "qwen2")
+        if self.rope_llama3 is not None and self.model_type != "llama":
+            raise ValueError("llama3 rope scaling is a llama model's (model_type 'llama')")
         if self.head_dim is None:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
         if self.num_attention_heads % self.num_key_value_heads:
@@ -120,25 +150,67 @@ class QwenConfig:
     def replace(self, **kw) -> QwenConfig:
         return dataclasses.replace(self, **kw)
 
+    @property
+    def qk_norm(self) -> bool:
+        """Whether queries and keys are RMS-normalised per head before rope (Qwen3)."""
+        return self.model_type == "qwen3"
+
+    @property
+    def o_bias(self) -> bool:
+        """Whether ``o_proj`` has a bias: ``attention_bias`` covers it in Llama and Qwen3,
+        while Qwen2 has q/k/v biases but none on ``o_proj``."""
+        return self.model_type != "qwen2" and bool(self.attention_bias)
+
+    def rope_inv_freq(self) -> jax.Array:
+        """Rotary inverse frequencies [D/2] float32, as transformers computes them: the
+        default ``theta ** -(2i / D)``, or Llama 3's scaled version (long wavelengths divided
+        by ``factor``, short ones kept, a smooth blend between)."""
+        d = self.head_dim
+        inv_freq = 1.0 / (self.rope_theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+        if self.rope_llama3 is None:
+            return inv_freq
+        factor, low, high, old_len = self.rope_llama3
+        wavelen = 2 * math.pi / inv_freq
+        scaled = jnp.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return jnp.where(medium, smoothed, scaled)
+
     # -- Hugging Face config.json ---------------------------------------------------------------
 
     @classmethod
     def from_hf_dict(cls, d: dict, *, dtype=jnp.float32, param_dtype=None, **options) -> QwenConfig:
-        """Builds a config from the dict of a Hugging Face Qwen2 ``config.json``.
+        """Builds a config from the dict of a Hugging Face ``config.json`` of a Qwen2/Qwen2.5,
+        Llama (SmolLM2, Llama 3.x) or Qwen3 (dense) model (``MODEL_TYPES``).
 
         Reads ``rope_theta`` from the top level (hub folders) or from the ``rope_parameters``
-        dict that transformers 5 writes. Raises ``ValueError`` for features this port does not
-        implement (sliding-window attention, rope scaling). ``dtype`` is the compute dtype,
+        dict that transformers 5 writes, and Llama 3's ``llama3`` rope scaling. Raises
+        ``ValueError`` for features this port does not implement (sliding-window attention,
+        other rope scalings, activations other than SiLU). ``dtype`` is the compute dtype,
         ``param_dtype`` the storage dtype (default: ``dtype``); ``options`` sets the fields
         that are not in the checkpoint (``remat``, ``scan_layers``, ...).
         """
+        model_type = d.get("model_type", "qwen2")
+        if model_type not in MODEL_TYPES:
+            raise ValueError(f"model_type {model_type!r} is not one of {', '.join(MODEL_TYPES)}")
         rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ("default", None):
-            raise ValueError(f"unsupported rope_type {rope_type!r} (only 'default' rope)")
+        llama3 = None
+        if rope_type == "llama3" and model_type == "llama":
+            llama3 = (float(rope["factor"]), float(rope["low_freq_factor"]),
+                      float(rope["high_freq_factor"]), int(rope["original_max_position_embeddings"]))
+        elif rope_type not in ("default", None):
+            raise ValueError(f"unsupported rope_type {rope_type!r} for {model_type} "
+                             "(only 'default' rope, and 'llama3' for llama)")
         theta = d.get("rope_theta", rope.get("rope_theta", 10000.0))
         if d.get("use_sliding_window", False):
-            raise ValueError("use_sliding_window=true is not supported by this Qwen2 port")
+            raise ValueError("use_sliding_window=true (sliding-window attention) is not supported")
+        act = d.get("hidden_act", d.get("hidden_activation", "silu"))
+        if act != "silu":
+            raise ValueError(f"hidden_act {act!r} is not supported (only 'silu')")
+        if d.get("pretraining_tp", 1) != 1:
+            raise ValueError(f"pretraining_tp={d['pretraining_tp']} is not supported (only 1)")
         eos = d.get("eos_token_id")
         if isinstance(eos, list):
             eos = eos[0] if eos else None
@@ -148,7 +220,7 @@ class QwenConfig:
             intermediate_size=d["intermediate_size"],
             num_hidden_layers=d["num_hidden_layers"],
             num_attention_heads=d["num_attention_heads"],
-            num_key_value_heads=d.get("num_key_value_heads", d["num_attention_heads"]),
+            num_key_value_heads=d.get("num_key_value_heads") or d["num_attention_heads"],
             head_dim=d.get("head_dim"),
             rope_theta=float(theta),
             rms_norm_eps=d.get("rms_norm_eps", 1e-6),
@@ -157,6 +229,10 @@ class QwenConfig:
             initializer_range=d.get("initializer_range", 0.02),
             bos_token_id=d.get("bos_token_id"),
             eos_token_id=eos,
+            model_type=model_type,
+            attention_bias=True if model_type == "qwen2" else bool(d.get("attention_bias", False)),
+            mlp_bias=model_type == "llama" and bool(d.get("mlp_bias", False)),
+            rope_llama3=llama3,
             param_dtype=dtype if param_dtype is None else param_dtype,
             dtype=dtype,
             **options,
@@ -164,9 +240,14 @@ class QwenConfig:
 
     def to_hf_dict(self) -> dict:
         """The ``config.json`` dict that ``transformers`` reads back as this architecture."""
-        return {
-            "architectures": ["Qwen2ForCausalLM"],
-            "model_type": "qwen2",
+        rope = {"rope_theta": self.rope_theta, "rope_type": "default"}
+        if self.rope_llama3 is not None:
+            factor, low, high, old_len = self.rope_llama3
+            rope.update(rope_type="llama3", factor=factor, low_freq_factor=low,
+                        high_freq_factor=high, original_max_position_embeddings=old_len)
+        d = {
+            "architectures": [MODEL_TYPES[self.model_type]],
+            "model_type": self.model_type,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -176,14 +257,11 @@ class QwenConfig:
             "head_dim": self.head_dim,
             "hidden_act": "silu",
             "rope_theta": self.rope_theta,
-            "rope_parameters": {"rope_theta": self.rope_theta, "rope_type": "default"},
+            "rope_parameters": rope,
             "rms_norm_eps": self.rms_norm_eps,
             "tie_word_embeddings": self.tie_word_embeddings,
             "max_position_embeddings": self.max_position_embeddings,
             "initializer_range": self.initializer_range,
-            "use_sliding_window": False,
-            "sliding_window": None,
-            "max_window_layers": self.num_hidden_layers,
             "attention_dropout": 0.0,
             "use_cache": True,
             "bos_token_id": self.bos_token_id,
@@ -191,6 +269,14 @@ class QwenConfig:
             "dtype": jnp.dtype(self.param_dtype).name,
             "torch_dtype": jnp.dtype(self.param_dtype).name,  # the name older readers use
         }
+        if self.model_type == "llama":
+            d.update(attention_bias=self.attention_bias, mlp_bias=self.mlp_bias, pretraining_tp=1)
+        else:
+            d.update(use_sliding_window=False, sliding_window=None,
+                     max_window_layers=self.num_hidden_layers)
+        if self.model_type == "qwen3":
+            d.update(attention_bias=self.attention_bias)
+        return d
 
     # -- presets ---------------------------------------------------------------------------------
 
@@ -325,10 +411,10 @@ class RMSNorm(nnx.Module):
         return self.weight[...].astype(dtype) * x32.astype(dtype)
 
 
-def rope(x, positions, theta: float):
-    """Rotary embedding, Hugging Face "rotate half" layout. x [B, T, N, D], positions [B, T]."""
+def rope(x, positions, inv_freq):
+    """Rotary embedding, Hugging Face "rotate half" layout. x [B, T, N, D], positions [B, T],
+    inv_freq [D/2] (``QwenConfig.rope_inv_freq``)."""
     d = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))  # [D/2]
     freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
     emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [B, T, 1, D]
     cos, sin = jnp.cos(emb).astype(x.dtype), jnp.sin(emb).astype(x.dtype)
@@ -338,20 +424,25 @@ def rope(x, positions, theta: float):
 
 
 class Qwen2Attention(nnx.Module):
-    """Grouped-query attention with q/k/v bias, no o bias, rotary positions, optional cache."""
+    """Grouped-query attention with rotary positions and an optional cache. Qwen2: q/k/v
+    bias, no o bias; Llama and Qwen3: biases as ``attention_bias`` says (none in released
+    checkpoints); Qwen3: ``q_norm`` / ``k_norm``, RMSNorms over each head's D, before rope."""
 
     def __init__(self, config: QwenConfig, *, rngs: nnx.Rngs):
         c = config
         self.config = c
         kw = dict(config=c, rngs=rngs)
-        self.q_proj = Linear(c.hidden_size, c.num_attention_heads * c.head_dim, bias=True,
+        bias = c.attention_bias
+        self.q_proj = Linear(c.hidden_size, c.num_attention_heads * c.head_dim, bias=bias,
                              spec=("tensor", "fsdp"), **kw)
-        self.k_proj = Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=True,
+        self.k_proj = Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=bias,
                              spec=("tensor", "fsdp"), **kw)
-        self.v_proj = Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=True,
+        self.v_proj = Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=bias,
                              spec=("tensor", "fsdp"), **kw)
-        self.o_proj = Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=False,
+        self.o_proj = Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=c.o_bias,
                              spec=("fsdp", "tensor"), **kw)
+        self.q_norm = RMSNorm(c.head_dim, c) if c.qk_norm else None
+        self.k_norm = RMSNorm(c.head_dim, c) if c.qk_norm else None
 
     def __call__(self, x, positions, attn_mask, layer_cache=None, index=None, blocks=1,
                  rows=None, prefix_kv=None, group_prefix=None):
@@ -374,15 +465,20 @@ class Qwen2Attention(nnx.Module):
         """
         c = self.config
         b, t, _ = x.shape
+        inv_freq = c.rope_inv_freq()  # [D/2]
         k = self.k_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim)  # [B, T, K, D]
         v = self.v_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim)  # [B, T, K, D]
-        k = rope(k, positions, c.rope_theta).transpose(0, 2, 3, 1)  # [B, K, D, T]
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        k = rope(k, positions, inv_freq).transpose(0, 2, 3, 1)  # [B, K, D, T]
         v = v.transpose(0, 2, 1, 3)  # [B, K, T, D]
         if rows is not None:
             x, positions, attn_mask = (take_rows(a, rows) for a in (x, positions, attn_mask))
             t = 1
         q = self.q_proj(x).reshape(b, t, c.num_attention_heads, c.head_dim)  # [B, T, H, D]
-        q = rope(q, positions, c.rope_theta)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        q = rope(q, positions, inv_freq)
         if layer_cache is not None:
             ck, cv, layer = layer_cache
             if layer is None:  # this layer's own cache [B, K, D, S], [B, K, S, D]
@@ -506,15 +602,16 @@ def attention_blocks(config: QwenConfig, batch: int, queries: int, slots: int,
 
 
 class Qwen2MLP(nnx.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: down(silu(gate(x)) * up(x)); biases only in a Llama with ``mlp_bias``."""
 
     def __init__(self, config: QwenConfig, *, rngs: nnx.Rngs):
         c = config
-        self.gate_proj = Linear(c.hidden_size, c.intermediate_size, bias=False,
+        bias = c.mlp_bias
+        self.gate_proj = Linear(c.hidden_size, c.intermediate_size, bias=bias,
                                 spec=("tensor", "fsdp"), config=c, rngs=rngs)
-        self.up_proj = Linear(c.hidden_size, c.intermediate_size, bias=False,
+        self.up_proj = Linear(c.hidden_size, c.intermediate_size, bias=bias,
                               spec=("tensor", "fsdp"), config=c, rngs=rngs)
-        self.down_proj = Linear(c.intermediate_size, c.hidden_size, bias=False,
+        self.down_proj = Linear(c.intermediate_size, c.hidden_size, bias=bias,
                                 spec=("fsdp", "tensor"), config=c, rngs=rngs)
 
     def __call__(self, x):  # [B, T, E] -> [B, T, E] via [B, T, F]

@@ -1,4 +1,4 @@
-"""Hugging Face Qwen2 checkpoint folders <-> the NNX model, both ways.
+"""Hugging Face checkpoint folders (Qwen2/Qwen2.5, Llama, Qwen3) <-> the NNX model, both ways.
 
 Parameters keep the Hugging Face names and layouts (see ``qwen.py``); the decoder layers are
 stacked, so the safetensors key ``model.layers.3.mlp.up_proj.weight`` is row 3 of the NNX
@@ -26,7 +26,7 @@ from safetensors.numpy import save_file
 
 from ragen_jax.models.hf_folder import CheckpointError, describe_error
 from ragen_jax.models.placement import param_shardings
-from ragen_jax.models.qwen import Qwen2ForCausalLM, QwenConfig
+from ragen_jax.models.qwen import MODEL_TYPES, Qwen2ForCausalLM, QwenConfig
 
 # Keys some hub checkpoints carry that the model does not need.
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
@@ -52,7 +52,7 @@ def _hf_keys(path, num_layers: int) -> list[str]:
 
 def load_config(path: str | os.PathLike, *, dtype=jnp.float32, param_dtype=None,
                 **options) -> QwenConfig:
-    """Reads ``config.json`` of a Qwen2 folder into a ``QwenConfig`` (``dtype``, ``param_dtype``
+    """Reads ``config.json`` of a model folder (``qwen.MODEL_TYPES``) into a ``QwenConfig`` (``dtype``, ``param_dtype``
     and ``options`` as in ``QwenConfig.from_hf_dict``)."""
     path = Path(path)
     if not path.is_dir():
@@ -66,10 +66,11 @@ def load_config(path: str | os.PathLike, *, dtype=jnp.float32, param_dtype=None,
         raise CheckpointError(f"{cfg_file} is not valid JSON: {e}") from None
     archs = d.get("architectures") or []
     model_type = d.get("model_type")
-    if model_type != "qwen2" or (archs and "Qwen2ForCausalLM" not in archs):
+    if model_type not in MODEL_TYPES or (archs and MODEL_TYPES[model_type] not in archs):
+        supported = ", ".join(f"{a} ({t!r})" for t, a in MODEL_TYPES.items())
         raise CheckpointError(
-            f"{path} holds model_type={model_type!r} architectures={archs}, "
-            "but only Qwen2ForCausalLM (model_type 'qwen2') is supported"
+            f"{path} holds model_type={model_type!r} architectures={archs}; "
+            f"supported: {supported}"
         )
     try:
         return QwenConfig.from_hf_dict(d, dtype=dtype, param_dtype=param_dtype, **options)
@@ -115,14 +116,15 @@ def from_pretrained(
     path: str | os.PathLike, *, dtype=jnp.float32, param_dtype=None, mesh: Mesh | None = None,
     **options,
 ) -> Qwen2ForCausalLM:
-    """Loads a Hugging Face Qwen2/Qwen2.5 folder (config.json + safetensors) into NNX.
+    """Loads a Hugging Face Qwen2/Qwen2.5, Llama or Qwen3 folder (config.json +
+    safetensors) into NNX.
 
     ``dtype`` is the compute dtype and ``param_dtype`` the storage dtype of the parameters
     (default: ``dtype``; train with float32 storage, see ``QwenConfig``); ``options`` are
     the config fields the folder does not hold (``remat``, ``scan_layers``). With a ``mesh``, each
     tensor is put straight onto its ``NamedSharding`` (from the parameters' partition specs);
     without, onto the default device. Raises ``CheckpointError`` with a one-line message for a
-    missing folder, config or weights, a non-Qwen2 architecture, missing or unexpected keys
+    missing folder, config or weights, an unsupported architecture, missing or unexpected keys
     and shape mismatches.
     """
     path = Path(path)

@@ -59,8 +59,17 @@ def test_shape_mismatch(folder):
     _check(folder, r"shape mismatch for model.norm.weight: checkpoint \(65,\), model \(64,\)")
 
 
-def test_not_qwen2(folder):
+def test_unsupported_architecture(folder):
     cfg = json.loads((folder / "config.json").read_text())
-    cfg["model_type"], cfg["architectures"] = "llama", ["LlamaForCausalLM"]
+    cfg["model_type"], cfg["architectures"] = "gemma", ["GemmaForCausalLM"]
     (folder / "config.json").write_text(json.dumps(cfg))
-    _check(folder, "only Qwen2ForCausalLM")
+    _check(folder, "model_type='gemma'.*supported: Qwen2ForCausalLM")
+
+
+def test_architecture_and_model_type_disagree(folder):
+    """A llama model_type naming a Qwen2 class (a hand-edited config) is refused, not
+    loaded as llama with the Qwen2 weights' q/k/v biases unexpected."""
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["model_type"] = "llama"
+    (folder / "config.json").write_text(json.dumps(cfg))
+    _check(folder, "model_type='llama' architectures=\\['Qwen2ForCausalLM'\\]")
