@@ -230,6 +230,28 @@ def test_convert_matches_weights_and_transformers(tmp_path, arch, tied, qtype, e
     assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == EOS
 
 
+@pytest.mark.parametrize("qtype,dtype", [(gguf.GGMLQuantizationType.F16, "float16"),
+                                         (gguf.GGMLQuantizationType.BF16, "bfloat16")])
+def test_half_width_file_keeps_its_width(tmp_path, qtype, dtype):
+    """Every matrix float16 (bfloat16): the folder stores that width (norms and biases, float32
+    in the file as llama.cpp writes them, are rounded to it), and loads with transformers' logits
+    on the GGUF."""
+    model = _hf_model("qwen2")
+    out = convert(write_gguf(tmp_path / "m.gguf", "qwen2", model, qtype), tmp_path / "hf")
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == dtype
+    ours = transformers.AutoModelForCausalLM.from_pretrained(out, dtype="auto").eval()
+    assert {p.dtype for p in ours.parameters()} == {getattr(torch, dtype)}
+    ours = ours.float()
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, gguf_file="m.gguf", dtype=torch.float32).eval()
+    # theirs keeps the file's float32 norms and biases; rounded as ours were, the models agree
+    with torch.no_grad():  # (in place: transformers refuses .to() on a GGUF-loaded model)
+        for p in theirs.parameters():
+            p.copy_(p.to(getattr(torch, dtype)).float())
+    err = np.abs(_logits(ours, IDS) - _logits(theirs, IDS)).max()
+    assert err <= TOL, err
+
+
 def test_large_weights_are_sharded(tmp_path, monkeypatch):
     """Past SHARD_BYTES the folder takes the hub's sharded layout, which transformers and
     ragen_jax both read."""
