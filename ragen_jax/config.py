@@ -137,7 +137,7 @@ def use_run_snapshot(config: ConfigDict) -> ConfigDict:
 
     path = config.model.path
     snap = run_folder(config) / "model"
-    if path and not Path(path).is_dir() and is_snapshot(snap):
+    if path and not Path(path).exists() and is_snapshot(snap):  # exists: a .gguf file is no folder
         print(f"note: model.path {path} is gone; using the run's copy of its tokenizer and "
               f"configs in {snap} (the weights come from the checkpoint)", file=sys.stderr)
         config.model.path = str(snap)

@@ -78,7 +78,7 @@ TINY_ONLY_FIELDS = ("hidden_size", "num_hidden_layers", "intermediate_size",
 
 @frozen
 class ModelConfig:
-    path: str = ""  # local Hugging Face Qwen2/Qwen2.5 folder; "" = the tiny random model
+    path: str = ""  # local Hugging Face Qwen2/Qwen2.5 folder, or a .gguf file (converted once into a cached folder); "" = the tiny random model
     dtype: str = "float32"  # compute dtype of activations, matmuls and sampling: float32 | bfloat16
     param_dtype: str = "float32"  # storage dtype of the trained weights and optimizer state (keep float32: bf16 AdamW updates round away)
     remat: str = "none"  # what a layer keeps for the backward pass: none | full | dots (weight-matmul outputs)
@@ -100,6 +100,13 @@ class ModelConfig:
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(f"model.hidden_size={self.hidden_size} is not a multiple of "
                               f"model.num_attention_heads={self.num_attention_heads}")
+        if self.path.lower().endswith(".gguf"):  # runs from its converted folder, made once
+            from ragen_jax.models.gguf import cached_folder
+            from ragen_jax.models.hf_folder import CheckpointError
+            try:
+                object.__setattr__(self, "path", str(cached_folder(self.path)))
+            except CheckpointError as e:
+                raise ConfigError(f"model.path: {e}") from None
         if self.path and not Path(self.path).is_dir():
             raise ConfigError(f"model.path: no such folder: {self.path}")
 
