@@ -52,6 +52,7 @@ def apply_preset(c: ConfigDict, preset: str) -> None:
         # fits 16 x 1024 tokens of 0.5B in ~6 GiB per device of 8 (bench_scaling).
         c.model.dtype = "bfloat16"
         c.model.remat = "dots"
+        c.model.attention_impl = "auto"  # cuDNN flash attention on a GPU (2x the 0.5B update on an H200), else xla
         c.actor.micro_batches = c.critic.micro_batches = MICRO_BATCHES[preset]
         if preset in CPU_PRESETS:
             cpu_preset(c, preset)
