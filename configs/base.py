@@ -58,6 +58,7 @@ def apply_preset(c: ConfigDict, preset: str) -> None:
         # Not in `tiny`: its results were measured without it.
         c.rollout.stop_strings = ("</answer>",)
         c.model.remat = "dots"
+        c.model.attention_impl = "auto"  # cuDNN flash attention on a GPU (2x the 0.5B update on an H200), else xla
         c.actor.micro_batches = c.critic.micro_batches = MICRO_BATCHES[preset]
         if preset in CPU_PRESETS:
             cpu_preset(c, preset)

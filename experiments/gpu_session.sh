@@ -7,6 +7,10 @@
 #
 #   OUT=/tmp/gpu bash experiments/gpu_session.sh          # on the device machine ($OUT set there)
 #   OUT=/tmp/gpu bash experiments/gpu_session.sh smoke    # the same parts at toy sizes (CPU)
+#   OUT=/tmp/gpu bash experiments/gpu_session.sh attention        # only the update, attention
+#       xla against cudnn in one process (~150 s; TOTAL_S default 225: a device call of 240)
+#   OUT=/tmp/gpu bash experiments/gpu_session.sh attention-smoke  # the same at toy sizes (CPU:
+#       the cudnn row fails there, by design)
 #
 # Files under $OUT (at most 8 come back from the device tool): log (the caller tees it),
 # env.txt, bench_decode.md, bench_decode_1.5b.md, bench_accelerator.md, decode_files.tar.gz
@@ -14,7 +18,7 @@
 set -u -o pipefail
 MODE=${1:-full}
 OUT=${OUT:-/tmp/gpu_session}
-TOTAL_S=${TOTAL_S:-530}
+case $MODE in attention*) TOTAL_S=${TOTAL_S:-225} ;; *) TOTAL_S=${TOTAL_S:-530} ;; esac
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$OUT"
@@ -58,6 +62,17 @@ else
     L1=315 L2=75 L3=130
 fi
 FLAGSETS=${FLAGSETS:-default,no_split_k,triton_multi_output,triton_heroless,autotune_0}
+# The attention plan: the 0.5B preset's update (as ACC above, no sampling) with the
+# materialised scores (xla) and cuDNN's flash attention (cudnn) on the same weights and batch,
+# up to 64 padding tokens mid-row; cudnn first, so the process's peak memory after it is its
+# own; its step traced.
+ATT=(--batches '' --attention-impls cudnn,xla --pad-middle 64 --trace-impl cudnn)
+if [[ $MODE == attention-smoke ]]; then
+    ATT+=(--sizes smoke --train-rows 4 --train-length 64 --micro-batches 2 --repeats 1
+          --matmul-n 256 --bandwidth-gib 0.05)
+else
+    ATT+=(--sizes 0.5b --train-rows 32 --train-length 2624 --micro-batches 8 --repeats 2)
+fi
 
 {
     echo "mode $MODE, work $WORK, $(date -u)"
@@ -66,6 +81,18 @@ FLAGSETS=${FLAGSETS:-default,no_split_k,triton_multi_output,triton_heroless,auto
     $PY -c "import jax, jaxlib, flax, optax; print('jax', jax.__version__, 'jaxlib', \
 jaxlib.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())" 2>&1
 } | tee "$OUT/env.txt"
+
+if [[ $MODE == attention* ]]; then
+    part update_attention $(( TOTAL_S - 20 )) $PY experiments/bench_accelerator.py "${ATT[@]}" \
+        --trace-update "$WORK/update_trace" --out "$OUT/bench_attention.md"
+    trace=$(find "$WORK/update_trace" -name perfetto_trace.json.gz 2>/dev/null | head -1)
+    if [[ -n $trace ]] && (( $(stat -c %s "$trace") < 15 * 2**20 )); then
+        cp "$trace" "$OUT/update_trace.json.gz"
+    fi
+    ls -la "$OUT"
+    echo "=== done at $(elapsed)s"
+    exit 0
+fi
 
 part decode_0.5b "$L1" $PY experiments/bench_decode.py "${DEC[@]}" --flagsets "$FLAGSETS" \
     --trace-flagsets '' --work-dir "$WORK/decode" --out "$WORK/decode/report/bench_decode.md"

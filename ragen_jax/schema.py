@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from ml_collections import ConfigDict
 
 from ragen_jax.config import run_folder
-from ragen_jax.models.qwen import REMAT_POLICIES
+from ragen_jax.models.qwen import ATTENTION_IMPLS, REMAT_POLICIES
 from ragen_jax.rollout.agent import RolloutConfig
 from ragen_jax.starpo.estimators import ESTIMATORS, NEEDS_CRITIC, AdvantageSettings
 from ragen_jax.starpo.filtering import FilterConfig
@@ -85,6 +85,7 @@ class ModelConfig:
     param_dtype: str = "float32"  # storage dtype of the trained weights and optimizer state (keep float32: bf16 AdamW updates round away)
     remat: str = "none"  # what a layer keeps for the backward pass: none | full | dots (weight-matmul outputs)
     scan_layers: bool = True  # training forward runs the layers as one lax.scan (compile time flat in depth)
+    attention_impl: str = "xla"  # attention of the training/scoring forward: xla (materialised scores) | cudnn (cuDNN flash attention, bf16 on an NVIDIA GPU) | auto (cudnn where it can run, else xla)
     hidden_size: int = 128  # tiny random model only: width
     num_hidden_layers: int = 4  # tiny random model only: depth
     intermediate_size: int = 384  # tiny random model only: MLP width
@@ -97,6 +98,10 @@ class ModelConfig:
         _choice("model.dtype", self.dtype, COMPUTE_DTYPES)
         _choice("model.param_dtype", self.param_dtype, tuple(DTYPES))
         _choice("model.remat", self.remat, tuple(REMAT_POLICIES))
+        _choice("model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
+        if self.attention_impl == "cudnn" and self.dtype not in ("bfloat16", "float16"):
+            raise ConfigError(f"model.attention_impl='cudnn' needs model.dtype bfloat16, "
+                              f"got {self.dtype!r} (or use 'auto')")
         _at_least("model", self, TINY_ONLY_FIELDS, 1)
         _at_least("model", self, ("lora_rank",), 0)
         if self.hidden_size % self.num_attention_heads:

@@ -42,9 +42,10 @@ from ragen_jax.starpo.step import Networks, StepSettings, TrainState, init_state
 
 def _numerics(model: ModelConfig) -> dict[str, Any]:
     """The ``QwenConfig`` fields the run config decides (dtypes, ``auto`` resolved for this
-    backend by ``compute_dtype``; remat, scan)."""
+    backend by ``compute_dtype``; remat, scan, attention)."""
     return dict(dtype=DTYPES[compute_dtype(model)[0]], param_dtype=DTYPES[model.param_dtype],
-                remat=model.remat, scan_layers=model.scan_layers)
+                remat=model.remat, scan_layers=model.scan_layers,
+                attention_impl=model.attention_impl)
 
 
 def tiny_config(model: ModelConfig) -> QwenConfig:

@@ -63,6 +63,15 @@ REMAT_POLICIES = {
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
 
+# How calls without a cache (training, scoring) compute attention (``QwenConfig.attention_impl``):
+# "xla": ``attend``, the float32 scores materialised (the only path on a CPU, and the default);
+# "cudnn": cuDNN's fused flash attention (``jax.nn.dot_product_attention(implementation=
+# "cudnn")``, bf16/fp16 compute only) on rows whose real tokens are first moved to the front
+# (``attend_compacted``); "auto": "cudnn" on a CUDA GPU with a bf16/fp16 compute dtype, else
+# "xla"; "dpa_xla": the cudnn path's plumbing with JAX's own XLA implementation in place of
+# cuDNN's kernel (a check of it that runs anywhere, not a faster path).
+ATTENTION_IMPLS = ("xla", "cudnn", "auto", "dpa_xla")
+
 
 # ----------------------------------------------------------------------------------------------
 # Config
@@ -127,6 +136,9 @@ class QwenConfig:
     # its weight matmuls (the attention's batched products are recomputed).
     scan_layers: bool = True
     remat: str = "none"
+    # attention_impl: how calls without a cache (and without a shared prefix) compute
+    # attention, one of ATTENTION_IMPLS; calls with a cache always use ``attend``.
+    attention_impl: str = "xla"
 
     def __post_init__(self):
         if self.model_type not in MODEL_TYPES:
@@ -146,9 +158,25 @@ class QwenConfig:
             raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"remat must be one of {tuple(REMAT_POLICIES)}, got {self.remat!r}")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(f"attention_impl must be one of {ATTENTION_IMPLS}, "
+                             f"got {self.attention_impl!r}")
+        if self.attention_impl == "cudnn" and not _half(self.dtype):
+            raise ValueError("attention_impl 'cudnn' needs a bfloat16 or float16 compute dtype, "
+                             f"got {jnp.dtype(self.dtype).name}")
 
     def replace(self, **kw) -> QwenConfig:
         return dataclasses.replace(self, **kw)
+
+    def fused_attention(self) -> str | None:
+        """The ``jax.nn.dot_product_attention`` implementation that calls without a cache use
+        (``attention_impl``), or None for ``attend``'s materialised scores. "auto" decides
+        here, when a model is traced: cuDNN on a CUDA GPU with a bf16/fp16 compute dtype and a
+        head dim its kernels take on any such GPU (a multiple of 8, at most 128)."""
+        if self.attention_impl == "auto":
+            fits = self.head_dim % 8 == 0 and self.head_dim <= 128
+            return "cudnn" if fits and _half(self.dtype) and _cuda() else None
+        return {"xla": None, "cudnn": "cudnn", "dpa_xla": "xla"}[self.attention_impl]
 
     @property
     def qk_norm(self) -> bool:
@@ -328,6 +356,20 @@ class QwenConfig:
         return cls(**base)
 
 
+def _half(dtype) -> bool:
+    return jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def _cuda() -> bool:
+    """Whether the default backend is an NVIDIA GPU (cuDNN's attention needs one)."""
+    if jax.default_backend() != "gpu":
+        return False
+    try:
+        return "cuda" in jax.devices()[0].client.platform_version.lower()
+    except Exception:  # an unusual client: do not guess
+        return False
+
+
 # ----------------------------------------------------------------------------------------------
 # Layers
 # ----------------------------------------------------------------------------------------------
@@ -445,7 +487,7 @@ class Qwen2Attention(nnx.Module):
         self.k_norm = RMSNorm(c.head_dim, c) if c.qk_norm else None
 
     def __call__(self, x, positions, attn_mask, layer_cache=None, index=None, blocks=1,
-                 rows=None, prefix_kv=None, group_prefix=None):
+                 rows=None, prefix_kv=None, group_prefix=None, token_mask=None):
         """x [B, T, E]; attn_mask [B, T, S] bool (True = may attend).
 
         Without a cache, S = T and keys are this call's tokens, and the second output is this
@@ -461,7 +503,9 @@ class Qwen2Attention(nnx.Module):
         each row queries: the output is [B, 1, E]. ``group_prefix = (k [G, K, D, P], v [G, K,
         P, D], mask [G, P])`` (with a per-layer cache, ``KVCache.with_group_prefix``): slots
         every row of a group of B / G consecutive rows sees before its cache's
-        (``attend_group_prefix``).
+        (``attend_group_prefix``). ``token_mask [B, T]`` (calls without a cache: ``attn_mask``
+        is then ``mask_causal(token_mask)``) lets ``config.fused_attention()`` replace
+        ``attend`` by ``attend_compacted`` in a call with neither cache, rows nor prefix.
         """
         c = self.config
         b, t, _ = x.shape
@@ -470,7 +514,20 @@ class Qwen2Attention(nnx.Module):
         v = self.v_proj(x).reshape(b, t, c.num_key_value_heads, c.head_dim)  # [B, T, K, D]
         if self.k_norm is not None:
             k = self.k_norm(k)
-        k = rope(k, positions, inv_freq).transpose(0, 2, 3, 1)  # [B, K, D, T]
+        k = rope(k, positions, inv_freq)  # [B, T, K, D]
+        fused = None
+        if token_mask is not None and layer_cache is None and rows is None \
+                and prefix_kv is None and group_prefix is None:
+            fused = c.fused_attention()
+        if fused is not None:
+            q = self.q_proj(x).reshape(b, t, c.num_attention_heads, c.head_dim)  # [B, T, H, D]
+            if self.q_norm is not None:
+                q = self.q_norm(q)
+            q = rope(q, positions, inv_freq)
+            out = attend_compacted(q, k, v, token_mask, fused)  # [B, T, H, D]
+            out = out.reshape(b, t, c.num_attention_heads * c.head_dim)
+            return self.o_proj(out), (k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3))
+        k = k.transpose(0, 2, 3, 1)  # [B, K, D, T]
         v = v.transpose(0, 2, 1, 3)  # [B, K, T, D]
         if rows is not None:
             x, positions, attn_mask = (take_rows(a, rows) for a in (x, positions, attn_mask))
@@ -532,6 +589,43 @@ def attend(q, k, v, attn_mask, blocks: int = 1):
         return out.swapaxes(0, 1).reshape(q.shape)
     probs = jax.nn.softmax(_masked_scores(q, k, attn_mask), axis=-1).astype(q.dtype)
     return jnp.einsum("bkgts,bksd->bkgtd", probs, v.astype(q.dtype))  # [B, K, G, T, D]
+
+
+def attend_compacted(q, k, v, token_mask, implementation: str = "cudnn"):
+    """Causal attention among each row's real tokens through ``jax.nn.dot_product_attention``
+    (``implementation`` "cudnn": cuDNN's flash attention, which never writes the scores).
+    q [B, T, H, D], k and v [B, T, K, D] (GQA: query head h reads key/value head h // (H / K)),
+    token_mask [B, T] -> [B, T, H, D].
+
+    The result equals ``attend`` with ``mask_causal(token_mask)`` at every real token (a
+    token sees the real tokens at or before it), with padding anywhere in a row: each row's
+    real tokens are moved to its front in their order (a stable partition), so the mask
+    becomes cuDNN's causal mask with per-row lengths; the outputs are moved back. Padding
+    tokens' outputs are 0 (``attend`` gives them a finite average nobody reads), and no
+    gradient flows through them: the inputs and outputs past a row's length are zeroed by a
+    select, whatever a kernel leaves there.
+    """
+    b, t = token_mask.shape
+    mask = token_mask.astype(bool)
+    lengths = mask.sum(axis=1).astype(jnp.int32)  # [B]
+    # where token p goes: the real ones to 0..len-1 in order, the padding after them
+    dest = jnp.where(mask, jnp.cumsum(mask, axis=1) - 1,
+                     lengths[:, None] + jnp.cumsum(~mask, axis=1) - 1).astype(jnp.int32)
+    source = jnp.argsort(dest, axis=1)  # its inverse: compacted slot j holds token source[j]
+    real = jnp.arange(t)[None, :] < lengths[:, None]  # [B, T] in compacted order
+
+    def move(a, index):  # [B, T, N, D] rows reordered by index [B, T]
+        return jnp.take_along_axis(a, index[:, :, None, None], axis=1)
+
+    def compact(a):
+        return jnp.where(real[:, :, None, None], move(a.astype(q.dtype), source),
+                         jnp.zeros((), q.dtype))
+
+    out = jax.nn.dot_product_attention(
+        compact(q), compact(k), compact(v), is_causal=True, query_seq_lengths=lengths,
+        key_value_seq_lengths=lengths, implementation=implementation)
+    out = jnp.where(real[:, :, None, None], out, jnp.zeros((), out.dtype))
+    return move(out, dest)
 
 
 def _masked_scores(q, k, attn_mask):
@@ -628,10 +722,10 @@ class Qwen2DecoderLayer(nnx.Module):
         self.mlp = Qwen2MLP(config, rngs=rngs)
 
     def __call__(self, x, positions, attn_mask, layer_cache=None, index=None, blocks=1,
-                 rows=None, prefix_kv=None, group_prefix=None):
+                 rows=None, prefix_kv=None, group_prefix=None, token_mask=None):
         h, layer_cache = self.self_attn(self.input_layernorm(x), positions, attn_mask,
                                         layer_cache, index, blocks, rows, prefix_kv,
-                                        group_prefix)
+                                        group_prefix, token_mask)
         if rows is not None:  # only these tokens go on: [B, 1, E]
             x = take_rows(x, rows)
         x = x + h
@@ -739,17 +833,20 @@ class Qwen2Model(nnx.Module):
             return x
         return jax.lax.with_sharding_constraint(x, self.activation_sharding)
 
-    def _layers_no_cache(self, x, positions, attn_mask, prefix_kv=None):
+    def _layers_no_cache(self, x, positions, attn_mask, prefix_kv=None, token_mask=None):
         """All layers on ``x [B, T, E]`` without a cache (training, scoring): one ``lax.scan``
         over the stacked layer variables (unrolled unless ``config.scan_layers``), each layer
         under the ``config.remat`` policy. Gradients come back stacked, like the weights.
         Returns the output and every layer's keys and values, stacked ``[L, ...]`` (dropped
         by XLA where unused). ``prefix_kv``: stacked keys and values every layer attends to
-        before ``x``'s tokens (``Qwen2Model.prefix``)."""
+        before ``x``'s tokens (``Qwen2Model.prefix``). ``token_mask [B, T]``: the real tokens
+        that ``attn_mask = mask_causal(token_mask)`` came from, for a fused attention
+        (``QwenConfig.attention_impl``)."""
         graphdef = nnx.graphdef(self.layers if self.stacked else self.layers[0])
 
         def run(x, layer_state, pkv):
-            x, kv = nnx.merge(graphdef, layer_state)(x, positions, attn_mask, prefix_kv=pkv)
+            x, kv = nnx.merge(graphdef, layer_state)(x, positions, attn_mask, prefix_kv=pkv,
+                                                     token_mask=token_mask)
             return self._constrain(x), kv
 
         if self.config.remat != "none":
@@ -774,7 +871,7 @@ class Qwen2Model(nnx.Module):
         (the sum over its continuations)."""
         mask = attention_mask.astype(bool)
         x = self._constrain(self.embed_tokens(tokens))  # [G, P, E]
-        x, (k, v) = self._layers_no_cache(x, positions, mask_causal(mask))
+        x, (k, v) = self._layers_no_cache(x, positions, mask_causal(mask), token_mask=mask)
         last = jnp.maximum(jnp.sum(mask, axis=1) - 1, 0)  # [G]
         hidden = self.norm(take_rows(x, last))[:, 0]  # [G, E]
         return SharedPrefix(k=k, v=v, mask=mask, last_hidden=hidden)
@@ -804,7 +901,8 @@ class Qwen2Model(nnx.Module):
             return self.norm(x), None
         if cache is None:
             if rows is None:
-                return self.norm(self._layers_no_cache(x, positions, mask_causal(mask))[0]), None
+                x, _ = self._layers_no_cache(x, positions, mask_causal(mask), token_mask=mask)
+                return self.norm(x), None
             attn_mask, index, kv = mask_causal(mask), None, None
         else:
             index = cache.index

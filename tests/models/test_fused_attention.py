@@ -1,0 +1,100 @@
+"""The fused-attention path of calls without a cache (``QwenConfig.attention_impl``): real
+tokens moved to the front of their row, then ``jax.nn.dot_product_attention`` with a causal
+mask and per-row lengths. cuDNN's kernel needs an NVIDIA GPU, so here its plumbing runs with
+JAX's XLA implementation in its place ("dpa_xla"): logits at real tokens and gradients equal
+the materialised-scores path's, with padding at the front, in the middle and at the end of
+rows; "auto" stays "xla" on a CPU."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
+from ragen_jax.models.kv_cache import positions_from_mask
+from ragen_jax.models.qwen import attend, attend_compacted, mask_causal
+from ragen_jax.schema import ConfigError, ModelConfig
+
+CFG = QwenConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2)
+T = 10
+# padding in the middle, at the front, at the end, none, and a row of padding only
+MASK = np.array([[1, 1, 1, 0, 0, 1, 1, 0, 1, 1],
+                 [0, 0, 1, 1, 1, 1, 0, 1, 1, 1],
+                 [1, 1, 1, 1, 1, 1, 0, 0, 0, 0],
+                 [1] * T,
+                 [0] * T], bool)
+
+
+def _inputs(config):
+    b = MASK.shape[0]
+    ids = jax.random.randint(jax.random.key(1), (b, T), 0, config.vocab_size)
+    mask = jnp.asarray(MASK)
+    return ids, positions_from_mask(mask), mask
+
+
+def loss_and_grads(config: QwenConfig):
+    model = Qwen2ForCausalLM(config, rngs=nnx.Rngs(0))
+    ids, pos, mask = _inputs(config)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def loss(p):
+        logits, _ = nnx.merge(graphdef, p, rest)(ids, pos, mask)
+        logp = jax.nn.log_softmax(logits)
+        # a loss over real tokens only (padding tokens' outputs are nobody's business)
+        return jnp.sum(logp[..., 5] * mask) + jnp.sum(logp[..., 7] * mask) / 3, logits
+
+    (value, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    return value, logits, grads
+
+
+@pytest.mark.parametrize("scan,remat", [(True, "dots"), (False, "none")])
+def test_compacted_path_equals_materialised_scores(scan, remat):
+    ref_loss, ref_logits, ref_grads = loss_and_grads(
+        CFG.replace(scan_layers=scan, remat=remat))
+    got_loss, got_logits, got_grads = loss_and_grads(
+        CFG.replace(scan_layers=scan, remat=remat, attention_impl="dpa_xla"))
+    real = MASK[..., None]
+    np.testing.assert_allclose(np.where(real, got_logits, 0), np.where(real, ref_logits, 0),
+                               atol=1e-5)
+    assert np.isfinite(np.asarray(got_logits)).all()
+    # the new path did run: padding tokens' logits differ (their attention output is 0 there)
+    assert not np.allclose(np.asarray(got_logits)[~MASK], np.asarray(ref_logits)[~MASK])
+    np.testing.assert_allclose(float(got_loss), float(ref_loss), rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(got_grads), jax.tree.leaves(ref_grads), strict=True):
+        scale = float(jnp.max(jnp.abs(b)))
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5 * max(scale, 1.0))
+
+
+def test_attend_compacted_equals_attend_at_real_tokens():
+    b, h, k, d = MASK.shape[0], 4, 2, 8
+    keys = jax.random.split(jax.random.key(3), 3)
+    q = jax.random.normal(keys[0], (b, T, h, d))
+    kk = jax.random.normal(keys[1], (b, T, k, d))
+    v = jax.random.normal(keys[2], (b, T, k, d))
+    mask = jnp.asarray(MASK)
+    got = attend_compacted(q, kk, v, mask, "xla")  # [B, T, H, D]
+    qg = q.reshape(b, T, k, h // k, d).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
+    ref = attend(qg, kk.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), mask_causal(mask))
+    ref = ref.transpose(0, 3, 1, 2, 4).reshape(b, T, h, d)
+    real = MASK[..., None, None]
+    np.testing.assert_allclose(np.where(real, got, 0), np.where(real, ref, 0), atol=1e-5)
+    assert not np.asarray(got)[~MASK].any()  # padding tokens' outputs are zero
+
+
+def test_auto_is_xla_on_cpu_and_cudnn_needs_half_precision():
+    assert jax.default_backend() == "cpu"
+    assert CFG.replace(attention_impl="auto", dtype=jnp.bfloat16).fused_attention() is None
+    assert CFG.fused_attention() is None  # the default: materialised scores
+    assert CFG.replace(attention_impl="dpa_xla").fused_attention() == "xla"
+    assert CFG.replace(attention_impl="cudnn", dtype=jnp.bfloat16).fused_attention() == "cudnn"
+    with pytest.raises(ValueError, match="bfloat16"):
+        CFG.replace(attention_impl="cudnn")  # float32 compute
+    with pytest.raises(ValueError, match="attention_impl"):
+        CFG.replace(attention_impl="flash")
+    assert ModelConfig(attention_impl="auto").attention_impl == "auto"
+    with pytest.raises(ConfigError, match="attention_impl"):
+        ModelConfig(attention_impl="cudnn")  # model.dtype float32
