@@ -99,9 +99,10 @@ class ModelConfig:
         _choice("model.param_dtype", self.param_dtype, tuple(DTYPES))
         _choice("model.remat", self.remat, tuple(REMAT_POLICIES))
         _choice("model.attention_impl", self.attention_impl, ATTENTION_IMPLS)
-        if self.attention_impl == "cudnn" and self.dtype not in ("bfloat16", "float16"):
-            raise ConfigError(f"model.attention_impl='cudnn' needs model.dtype bfloat16, "
-                              f"got {self.dtype!r} (or use 'auto')")
+        # ("auto" is resolved only where the model is built: the backend is not up yet here)
+        if self.attention_impl == "cudnn" and self.dtype == "float32":
+            raise ConfigError("model.attention_impl='cudnn' needs bfloat16 compute, got "
+                              "model.dtype='float32' (or use attention_impl 'auto')")
         _at_least("model", self, TINY_ONLY_FIELDS, 1)
         _at_least("model", self, ("lora_rank",), 0)
         if self.hidden_size % self.num_attention_heads:
