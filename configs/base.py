@@ -47,10 +47,16 @@ def apply_preset(c: ConfigDict, preset: str) -> None:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
     c.preset = preset
     if preset != "tiny":
-        # bf16 compute on float32 master weights (model.param_dtype's default): AdamW steps of
-        # ~1e-6 round away in bf16 storage. Rematerialising all but the weight matmuls' outputs
-        # fits 16 x 1024 tokens of 0.5B in ~6 GiB per device of 8 (bench_scaling).
-        c.model.dtype = "bfloat16"
+        # bf16 compute on GPU/TPU, float32 on XLA:CPU (its bf16 matmuls are ~10x slower:
+        # schema.compute_dtype), on float32 master weights (model.param_dtype's default): AdamW
+        # steps of ~1e-6 round away in bf16 storage. Rematerialising all but the weight
+        # matmuls' outputs fits 16 x 1024 tokens of 0.5B in ~6 GiB per device of 8 (bench_scaling).
+        c.model.dtype = "auto"
+        # A turn ends right after "</answer>" (vLLM's stop; RAGEN sets none): an answer that
+        # runs on past it would otherwise hold the batch's decode loop to response_length (a
+        # real model's answers end there; with enable_think it writes <think>..</think> first).
+        # Not in `tiny`: its results were measured without it.
+        c.rollout.stop_strings = ("</answer>",)
         c.model.remat = "dots"
         c.actor.micro_batches = c.critic.micro_batches = MICRO_BATCHES[preset]
         if preset in CPU_PRESETS:

@@ -40,7 +40,7 @@ from ragen_jax.models import CheckpointError, compute_copy
 from ragen_jax.rollout.agent import AgentRollout, RolloutBatch
 from ragen_jax.rollout.mix import EnvSlot, collect_val
 from ragen_jax.rollout.sampler import Sampler
-from ragen_jax.schema import from_config_dict, resolve, to_config_dict
+from ragen_jax.schema import compute_dtype, from_config_dict, resolve, to_config_dict
 from ragen_jax.train import build_envs, write_trajectories
 from ragen_jax.train_state import build_actor, load_policy, load_tokenizer, stop_ids
 
@@ -49,8 +49,11 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "sokoban.p
 
 def evaluate(config: ConfigDict, out: str | Path, *, checkpoint: str | None = None,
              step: int | None = None) -> tuple[RolloutBatch, dict[str, Any]]:
-    """Runs the evaluation rollout and writes the three files; returns (batch, summary)."""
+    """Runs the evaluation rollout and writes the three files; returns (batch, summary).
+    Prints the compute dtype it takes first (``schema.compute_dtype``: ``auto`` resolved)."""
     run = from_config_dict(config)
+    dtype, dtype_line = compute_dtype(run.model)
+    print(dtype_line, flush=True)
     if checkpoint:
         model, tok, _, step = load_policy(checkpoint, step, config)
         model_name = f"{checkpoint} (step {step})"
@@ -71,7 +74,7 @@ def evaluate(config: ConfigDict, out: str | Path, *, checkpoint: str | None = No
     out = Path(out)
     env_name = " + ".join(s.tag for s in slots) if run.env.mix else run.env.name
     summary = {"model": model_name, "env": env_name, "episodes": len(batch.trajectories),
-               "dtype": {"compute": run.model.dtype, "weights": run.model.param_dtype},
+               "dtype": {"compute": dtype, "weights": run.model.param_dtype},
                "metrics": batch.metrics, "timing": {**batch.timing, "wall_s": wall},
                "config": to_config_dict(run).to_dict()}
     out.mkdir(parents=True, exist_ok=True)

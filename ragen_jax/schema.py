@@ -24,6 +24,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from ml_collections import ConfigDict
 
@@ -36,7 +37,8 @@ from ragen_jax.starpo.normalization import GROUPINGS, METHODS, PRESETS
 from ragen_jax.starpo.step import SAMPLE_UNITS, StepSettings
 from ragen_jax.starpo.update import UpdateConfig
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # model.dtype -> JAX dtype
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # a dtype's name -> JAX dtype
+COMPUTE_DTYPES = ("auto", *DTYPES)  # model.dtype's values (auto: compute_dtype decides)
 frozen = dataclasses.dataclass(frozen=True, kw_only=True)
 
 
@@ -79,7 +81,7 @@ TINY_ONLY_FIELDS = ("hidden_size", "num_hidden_layers", "intermediate_size",
 @frozen
 class ModelConfig:
     path: str = ""  # local Hugging Face Qwen2/Qwen2.5 folder; "" = the tiny random model
-    dtype: str = "float32"  # compute dtype of activations, matmuls and sampling: float32 | bfloat16
+    dtype: str = "float32"  # compute dtype of activations, matmuls and sampling: float32 | bfloat16 | auto (bfloat16 on GPU/TPU, float32 on XLA:CPU, where bf16 matmuls are ~10x slower)
     param_dtype: str = "float32"  # storage dtype of the trained weights and optimizer state (keep float32: bf16 AdamW updates round away)
     remat: str = "none"  # what a layer keeps for the backward pass: none | full | dots (weight-matmul outputs)
     scan_layers: bool = True  # training forward runs the layers as one lax.scan (compile time flat in depth)
@@ -92,7 +94,7 @@ class ModelConfig:
     lora_alpha: float = 64.0  # LoRA alpha (RAGEN: 64)
 
     def __post_init__(self):
-        _choice("model.dtype", self.dtype, tuple(DTYPES))
+        _choice("model.dtype", self.dtype, COMPUTE_DTYPES)
         _choice("model.param_dtype", self.param_dtype, tuple(DTYPES))
         _choice("model.remat", self.remat, tuple(REMAT_POLICIES))
         _at_least("model", self, TINY_ONLY_FIELDS, 1)
@@ -102,6 +104,29 @@ class ModelConfig:
                               f"model.num_attention_heads={self.num_attention_heads}")
         if self.path and not Path(self.path).is_dir():
             raise ConfigError(f"model.path: no such folder: {self.path}")
+
+
+def compute_dtype(model: ModelConfig, backend: str | None = None) -> tuple[str, str]:
+    """``model.dtype`` resolved on ``backend`` (default: JAX's default backend, so call it
+    where the run builds its model, not while reading the config) and the one line a run
+    prints at its start saying which dtype it took and why.
+
+    ``auto`` takes bfloat16 on GPU and TPU (their matrix units compute in bf16, at half the
+    bytes) and float32 on XLA:CPU, which has no fast bf16 matmul: the 0.5B shape's MLPs ran
+    ~10x slower in bf16 at decode's batch 1 and ~4x at batch 8, a 2048^3 matmul 1.5x
+    (``experiments/results/bench_peers.md``, ``bench_sampler.md``). The weights' storage
+    (``model.param_dtype``) is not changed.
+    """
+    backend = backend or jax.default_backend()
+    on = "XLA:CPU" if backend == "cpu" else backend
+    if model.dtype != "auto":
+        hint = (" (slow there: model.dtype=auto takes float32 on XLA:CPU)"
+                if backend == "cpu" and model.dtype == "bfloat16" else "")
+        return model.dtype, f"compute dtype: {model.dtype} (model.dtype={model.dtype}, on {on}){hint}"
+    if backend == "cpu":
+        return "float32", ("compute dtype: float32 (model.dtype=auto, on XLA:CPU: its bfloat16 "
+                           "matmuls run ~10x slower than float32 at decode batch sizes)")
+    return "bfloat16", f"compute dtype: bfloat16 (model.dtype=auto, on {on}: bf16 matrix units)"
 
 
 # rollout.<field>s an env.mix entry may set for itself (RAGEN's per-tag env settings and the

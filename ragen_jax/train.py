@@ -51,6 +51,7 @@ from ragen_jax.rollout.sampler import Sampler
 from ragen_jax.schema import (
     ConfigError,
     RunConfig,
+    compute_dtype,
     describe,
     from_config_dict,
     micro_batch_warning,
@@ -296,6 +297,8 @@ class Trainer:
         context = repr(rollout)
         if not rollout.system_template:  # likewise a rollout field added later
             context = context.replace("system_template='', ", "")
+        if not rollout.stop_strings:  # likewise (on, it cuts the scripted answers: keyed)
+            context = context.replace("stop_strings=(), ", "")
         # How the sampler holds a group's prompt changes no sample: not part of the key.
         context = context.replace(f"group_prefix={rollout.group_prefix}, ", "")
         key = sft.cache_key(model=dataclasses.asdict(run.model), env=dataclasses.asdict(run.env),
@@ -536,6 +539,8 @@ def run(config: ConfigDict | RunConfig, **kw: Any) -> dict[str, Any]:
         config = from_config_dict(use_run_snapshot(config))  # the model folder may have moved
     run_config = config
     dist.initialize(run_config.distributed)  # a no-op if launch.py already did it
+    if jax.process_index() == 0:  # before the model is built: which dtype it is built in
+        print(compute_dtype(run_config.model)[1], flush=True)
     trainer = Trainer(run_config, **kw)
     if trainer.is_main:
         trainer.out.mkdir(parents=True, exist_ok=True)

@@ -36,13 +36,14 @@ from ragen_jax.models.lora import add_lora
 from ragen_jax.models.placement import shard_model
 from ragen_jax.models.weights import load_config as load_model_config
 from ragen_jax.models.weights import tensor_files
-from ragen_jax.schema import DTYPES, ModelConfig, RunConfig, from_config_dict
+from ragen_jax.schema import DTYPES, ModelConfig, RunConfig, compute_dtype, from_config_dict
 from ragen_jax.starpo.step import Networks, StepSettings, TrainState, init_state
 
 
 def _numerics(model: ModelConfig) -> dict[str, Any]:
-    """The ``QwenConfig`` fields the run config decides (dtypes, remat, scan)."""
-    return dict(dtype=DTYPES[model.dtype], param_dtype=DTYPES[model.param_dtype],
+    """The ``QwenConfig`` fields the run config decides (dtypes, ``auto`` resolved for this
+    backend by ``compute_dtype``; remat, scan)."""
+    return dict(dtype=DTYPES[compute_dtype(model)[0]], param_dtype=DTYPES[model.param_dtype],
                 remat=model.remat, scan_layers=model.scan_layers)
 
 

@@ -16,6 +16,7 @@ def test_eval_writes_metrics_trajectories_and_viewer(tmp_path, capsys):
                        "--config.model.num_hidden_layers=2", "--out", str(out)])
     printed = capsys.readouterr().out
     assert "Sokoban/success" in printed and "tiny random model" in printed
+    assert printed.startswith("compute dtype: float32 (model.dtype=float32, on XLA:CPU)\n")
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["episodes"] == 4 and metrics["config"]["rollout"]["val_temperature"] == 0.5
     for key in ("success", "num_actions", "action_is_effective", "action_is_valid",

@@ -7,13 +7,16 @@ import json
 import sys
 from pathlib import Path
 
+import jax.numpy as jnp
 import pytest
 from ml_collections import ConfigDict
 
 from ragen_jax.schema import (
     TINY_ONLY_FIELDS,
     ConfigError,
+    ModelConfig,
     RunConfig,
+    compute_dtype,
     config_for_print,
     describe,
     from_config_dict,
@@ -91,7 +94,9 @@ def test_update_config_defaults_equal_the_schema():
 @pytest.mark.parametrize("section, field, value, message", [
     ("rollout", "group_size", 0, "rollout.group_size must be >= 1, got 0"),
     ("algorithm", "adv_estimator", "ppo", "algorithm.adv_estimator must be one of"),
-    ("model", "dtype", "float16", "model.dtype must be one of"),
+    ("model", "dtype", "float16", "model.dtype must be one of ('auto', 'float32', 'bfloat16'), got 'float16'"),
+    ("model", "param_dtype", "auto", "model.param_dtype must be one of ('float32', 'bfloat16')"),
+    ("rollout", "stop_strings", ("</answer>", ""), "rollout.stop_strings must be a tuple of non-empty strings"),
     ("actor", "micro_batches", 3, "actor.micro_batches=3 must divide actor.ppo_mini_batch_size=32"),
     ("actor", "pad_multiple", 0, "actor.pad_multiple must be >= 1, got 0"),
     ("filter", "strategy", "best", "filter.strategy must be one of"),
@@ -297,3 +302,48 @@ def test_a_mix_entry_sets_its_own_turn_budgets():
                                 "--config.env.mix.Countdown.rollout.max_turn=0"))
     with pytest.raises(ConfigError, match=r"env\.mix\[0\]\.rollout\.val_seed: not settable per env"):
         from_config_dict(_mixed("--config.env.mix.0.rollout.val_seed=3"))
+
+
+def test_auto_compute_dtype_is_float32_on_xla_cpu_only():
+    """``model.dtype=auto``: bfloat16 where the backend has bf16 matrix units, float32 on
+    XLA:CPU (bf16 matmuls ~10x slower there); the printed line says which and why."""
+    auto = ModelConfig(dtype="auto")
+    assert compute_dtype(auto, "cpu") == (
+        "float32", "compute dtype: float32 (model.dtype=auto, on XLA:CPU: its bfloat16 matmuls "
+                   "run ~10x slower than float32 at decode batch sizes)")
+    for backend in ("gpu", "cuda", "tpu"):
+        dtype, line = compute_dtype(auto, backend)
+        assert dtype == "bfloat16" and f"model.dtype=auto, on {backend}" in line, backend
+    # An explicit value is kept everywhere; bfloat16 on the CPU says how to get the fast one.
+    assert compute_dtype(ModelConfig(dtype="float32"), "tpu")[0] == "float32"
+    dtype, line = compute_dtype(ModelConfig(dtype="bfloat16"), "cpu")
+    assert dtype == "bfloat16" and "model.dtype=auto takes float32 on XLA:CPU" in line
+    assert "\n" not in line
+    # The backend this test runs on (the CPU) builds an auto model in float32.
+    from ragen_jax.train_state import tiny_config
+
+    assert tiny_config(ModelConfig(dtype="auto", hidden_size=64)).dtype == jnp.float32
+
+
+def test_real_model_presets_compute_in_auto_and_stop_after_the_answer(tmp_path):
+    """The Qwen2.5 presets take ``model.dtype=auto`` and end a turn after ``</answer>``; the
+    tiny preset keeps float32 and no stop strings (its results were measured so)."""
+    from configs import bandit, base, sokoban
+
+    for preset in base.PRESETS[1:]:
+        c = sokoban.get_config(preset)
+        c.model.path = str(tmp_path)
+        run = from_config_dict(c)
+        assert run.model.dtype == "auto" and run.rollout.stop_strings == ("</answer>",), preset
+        assert run.rollout.response_length == 400  # RAGEN's budget (docs/design.md: why kept)
+    tiny = from_config_dict(bandit.get_config())
+    assert tiny.model.dtype == "float32" and tiny.rollout.stop_strings == ()
+    # The command line sets them as a Python tuple or list; () turns them off.
+    from ragen_jax.config import load_config
+
+    c = load_config(["--config", str(ROOT / "configs" / "bandit.py"),
+                     '--config.rollout.stop_strings=["</answer>", "||"]'])
+    assert from_config_dict(c).rollout.stop_strings == ("</answer>", "||")
+    c = load_config(["--config", f"{ROOT / 'configs' / 'bandit.py'}:qwen2.5-0.5b",
+                     f"--config.model.path={tmp_path}", "--config.rollout.stop_strings=()"])
+    assert from_config_dict(c).rollout.stop_strings == ()

@@ -22,6 +22,10 @@ One ``AgentRollout.collect`` call plays ``groups x group_size`` episodes of one 
   same batch). The ``limited`` and ``single_turn`` windows (``rollout.window``) rebuild each
   turn's prompt on the host; a turn whose prompts do not all extend the rows' previous
   sequences prefills the whole prompts into a fresh cache.
+* **Stop strings** (``rollout.stop_strings``, off by default; ``</answer>`` in the real-model
+  presets): besides the stop ids, a turn ends with the sampled token that completes one of
+  them (``rollout.stop_strings``: a per-token automaton in the jitted decode loop), so an
+  answer that goes on after ``</answer>`` does not hold the batch to the token budget.
 * **Budgets** (RAGEN's): at most ``max_turn`` LLM calls, ``max_actions_per_traj`` env actions
   per episode, ``max_actions_per_turn`` per turn; a turn's valid actions run in order until
   the env is done; the turn reward is their sum; a turn with a format error adds
@@ -76,6 +80,7 @@ from ragen_jax.rollout.env_driver import (  # noqa: F401
     row_state,
 )
 from ragen_jax.rollout.sampler import SampleOutput, SamplingParams
+from ragen_jax.rollout.stop_strings import StopAutomaton, stop_automaton
 from ragen_jax.rollout.window import MODES, OVERLONG, ContextWindow, WindowPrompt
 
 log = logging.getLogger(__name__)
@@ -93,6 +98,7 @@ class RolloutConfig:
     max_actions_per_traj: int = 10  # env actions per episode (RAGEN: 10)
     max_actions_per_turn: int = 2  # env actions parsed per answer (RAGEN: 2)
     response_length: int = 400  # max new tokens per turn (RAGEN: 400)
+    stop_strings: tuple = ()  # a turn also ends right after the model writes one of these, exact across tokens (vLLM's stop), e.g. ("</answer>",); the end-of-turn token is then inserted as template text; () = off (RAGEN: off)
     max_model_len: int = 3600  # max tokens of a trajectory (RAGEN: 3600)
     temperature: float = 1.0  # training sampling temperature (RAGEN: 1)
     top_p: float = 1.0  # training nucleus (RAGEN: 1)
@@ -124,6 +130,8 @@ class RolloutConfig:
         for name in ("temperature", "val_temperature", "top_k", "max_tokens_hint", "cache_multiple"):
             self._require(name, getattr(self, name) >= 0, ">= 0")
         self._require("top_p", 0 < self.top_p <= 1, "in (0, 1]")
+        self._require("stop_strings", all(isinstance(x, str) and x for x in self.stop_strings),
+                      "a tuple of non-empty strings")
         try:
             self.system_template.format(instruction="", legend="", actions="", max_actions_per_turn=1)
         except (KeyError, IndexError, ValueError) as e:
@@ -175,14 +183,16 @@ class Policy(Protocol):
     """What the loop calls each turn: ``Sampler`` or a scripted policy.
 
     ``prompts``: per row the token ids to prefill (empty for inactive rows); ``key``: one
-    key per row; ``active``: ``[B]`` bool, the rows to answer; ``cache``: the previous turn's
+    key per row; ``stop_strings``: the rollout's compiled stop strings (None: none), ending a
+    row's answer with the token that completes one; ``active``: ``[B]`` bool, the rows to
+    answer; ``cache``: the previous turn's
     returned cache (None on the first turn or without cache reuse); ``env_states``: the host
     numpy pytree of this turn's batched env states (row ``b`` is row ``b``'s state).
     """
 
     def __call__(self, prompts: Sequence[Sequence[int]], *, key: jax.Array,
-                 params: SamplingParams, stop_tokens: Any, active: Any, cache: Any,
-                 env_states: Any) -> SampleOutput: ...
+                 params: SamplingParams, stop_tokens: Any, stop_strings: StopAutomaton | None,
+                 active: Any, cache: Any, env_states: Any) -> SampleOutput: ...
 
 
 # ----------------------------------------------------------------------------------------------
@@ -254,7 +264,8 @@ class AgentRollout:
 
     ``eos_ids``: ids that end a turn besides the chat template's end-of-turn token and the
     tokenizer's eos token (a model folder's ``generation_config.json`` list; see
-    ``ChatFormat``).
+    ``ChatFormat``). ``config.stop_strings`` are compiled for ``tokenizer`` here, once
+    (``stop_strings.stop_automaton`` caches them per tokenizer).
     """
 
     def __init__(self, env: Any, env_params: Any, tokenizer: Any, config: RolloutConfig, *,
@@ -264,7 +275,10 @@ class AgentRollout:
         self.tokenizer = tokenizer
         self.config = config
         self.tag = tag or env.name
-        self.chat = ChatFormat(tokenizer, config.context, eos_ids=eos_ids)
+        self.chat = ChatFormat(tokenizer, config.context, eos_ids=eos_ids,
+                               stop_strings=config.stop_strings)
+        self.stop_strings = (stop_automaton(tokenizer, config.stop_strings)
+                             if config.stop_strings else None)
         self.driver = make_driver(env, env_params, config.max_actions_per_turn)
         self.window = ContextWindow(self.chat, mode=config.context_window,
                                     window_turns=config.window_turns, overlong=config.overlong,
@@ -402,7 +416,8 @@ class AgentRollout:
         for i in prompts.chunks:
             eps[i].turns[-1]["prefill_tokens"] = len(ids[i])
         out = policy(ids, key=keys, params=sampling, stop_tokens=self.chat.stop_ids,
-                     active=active, cache=cache, env_states=host)
+                     stop_strings=self.stop_strings, active=active, cache=cache,
+                     env_states=host)
         gen = _Generated(*(np.asarray(x) for x in jax.device_get(
             (out.tokens, out.lengths, out.logprobs, out.model_logprobs))))
         return gen, (out.cache if reuse_cache else None)

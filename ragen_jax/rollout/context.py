@@ -25,6 +25,16 @@ device):
   inserted template text, so the sequence stays a well-formed chat
   (``...<|endoftext|><|im_end|>\n<|im_start|>user...``). Only these inserted chunks are ever
   tokenised; generated tokens are kept as sampled and never re-tokenised from decoded text.
+  **A turn ended by a stop string** (``rollout.stop_strings``, e.g. ``</answer>``) is the
+  same case: the trajectory holds the sampled tokens up to and including the one that
+  completed the string (loss mask 1; that token may carry text past the string, e.g.
+  ``>\n\n``, which stays, as sampled), and the model did not emit its end-of-turn token, so
+  ``next_chunk`` inserts it as template text (loss mask 0, never a sampled token). The
+  trainer's recomputed log-probs see the same sequence the sampler's cache held (the inserted
+  token is prefilled with the next chunk), so they stay aligned with the sampled tokens; a
+  last turn has no next chunk and ends the sequence without it. The model is then never
+  trained to emit the end-of-turn token after ``</answer>``, which it does not need (vLLM's
+  ``stop`` behaves alike; RAGEN sets no stop strings).
 * **Parsing** (``parse_response``): RAGEN's ``<think>(.*?)</think>\\s*<answer>(.*?)</answer>``
   pattern (answer-only when thinking is off), actions split on ``||``, stripped, empty parts
   dropped, the first ``max_actions_per_turn`` kept, matched case-insensitively to the env's
@@ -33,7 +43,9 @@ device):
   token generated before the end of the turn (RAGEN silently strips them), and an answer longer
   than ``max_answer_chars``. A turn ended by any stop id (the end-of-turn token, the
   tokenizer's eos token or one of ``ChatFormat``'s ``eos_ids``) parses the same way: the stop
-  token is not part of the text. Parsing never raises and never evaluates model text.
+  token is not part of the text; a turn ended by a stop string parses its whole text (the
+  string included: ``</answer>`` closes the answer). Parsing never raises and never evaluates
+  model text.
 """
 
 from __future__ import annotations
@@ -214,6 +226,8 @@ class ChatFormat:
     ``eos_ids``: further ids that end a generation, such as the ``eos_token_id`` list of a
     Hugging Face folder's ``generation_config.json`` (Qwen2.5-Instruct adds
     ``<|endoftext|>``), on which vLLM and ``transformers.generate`` stop too.
+    ``stop_strings``: the rollout's stop strings; a turn whose text contains one ended on it
+    (``GeneratedText.stopped``; the sampler stops at the first completion).
 
     Attributes: ``eot_id`` (end-of-turn token id), ``stop_ids`` (ids that end a generation:
     the end-of-turn token first, then the tokenizer's eos token and ``eos_ids``, without
@@ -221,9 +235,11 @@ class ChatFormat:
     the final stop token is a format error), ``pad_id``.
     """
 
-    def __init__(self, tokenizer: Any, cfg: ContextConfig, *, eos_ids: Sequence[int] = ()):
+    def __init__(self, tokenizer: Any, cfg: ContextConfig, *, eos_ids: Sequence[int] = (),
+                 stop_strings: Sequence[str] = ()):
         self.tokenizer = tokenizer
         self.cfg = cfg
+        self.stop_strings = tuple(stop_strings)
         pieces = _template_pieces(tokenizer)
         self.prefix = pieces["prefix"]
         self.system_to_user = pieces["system_to_user"]
@@ -268,25 +284,26 @@ class ChatFormat:
 
     def generated_text(self, ids: Sequence[int] | np.ndarray) -> GeneratedText:
         """Decodes one turn's generated ids for parsing (see ``GeneratedText``); every stop
-        id ends a turn the same way."""
+        id ends a turn the same way, and a stop string in the text means the turn ended on it."""
         ids = np.asarray(ids, np.int64).reshape(-1)
         stopped = bool(ids.size) and bool(np.isin(ids[-1], self.stop_ids))
         body = ids[:-1] if stopped else ids
         special_inside = bool(np.isin(body, self.special_ids).any())
         text = self.tokenizer.decode(body.tolist(), skip_special_tokens=False)
+        stopped = stopped or any(s in text for s in self.stop_strings)
         return GeneratedText(text, stopped, special_inside)
 
     def emitted_eot(self, ids: Sequence[int] | np.ndarray) -> bool:
         """Whether a turn's generated ids end with the end-of-turn token itself; otherwise
-        (token budget, or another stop id) ``next_chunk`` must insert it."""
+        (token budget, another stop id, or a stop string) ``next_chunk`` must insert it."""
         ids = np.asarray(ids).reshape(-1)
         return bool(ids.size) and int(ids[-1]) == self.eot_id
 
 
 class GeneratedText(NamedTuple):
     """One turn's generated ids, decoded: ``text`` without the final stop token, ``stopped``
-    (the turn ended with a stop id rather than at the token budget) and ``special_inside``
-    (a special token was generated before the end: a format error)."""
+    (the turn ended with a stop id or a stop string rather than at the token budget) and
+    ``special_inside`` (a special token was generated before the end: a format error)."""
 
     text: str
     stopped: bool

@@ -7,8 +7,10 @@ Per call (one turn):
 2. On device, in one jitted function whose KV cache argument is donated: prefill the chunk into
    the cache (continuing an existing cache for later turns; a chunk of more than
    ``prefill_tokens`` tokens in blocks of rows), then decode token by token in a
-   ``lax.while_loop`` until every sequence has hit a stop token or its token budget, or the
-   static ``max_new_tokens`` steps are done. No host round trip happens inside the loop.
+   ``lax.while_loop`` until every sequence has hit a stop token, completed a stop string
+   (``rollout.stop_strings``: a per-token automaton stepped per row, ``stop_strings.py``) or
+   spent its token budget, or the static ``max_new_tokens`` steps are done. No host round
+   trip happens inside the loop.
    On the CPU the model runs in ``decode_layout`` (``[in, out]`` weights: a batch-8 decode
    step of the 0.5B shape 1.4x faster than in the Hugging Face ``[out, in]`` layout, the same
    at batch 1; ``layout=False`` turns it off).
@@ -46,6 +48,7 @@ from ragen_jax.models.copies import (
 )
 from ragen_jax.models.kv_cache import KVCache, positions_from_mask
 from ragen_jax.models.qwen import Qwen2ForCausalLM
+from ragen_jax.rollout.stop_strings import StopAutomaton
 
 _NEG_INF = float("-inf")
 
@@ -263,9 +266,11 @@ def _grown(cache: KVCache, size: int) -> KVCache:
     return cache.grow(size)
 
 
-def _generate(graph, state, cache, tokens, mask, stop, budget, active, key, expand=None, *,
-              sp, pad_id, group_prefix=False, prefill_tokens=0):
+def _generate(graph, state, cache, tokens, mask, stop, budget, active, key, expand=None,
+              stop_table=None, *, sp, pad_id, group_prefix=False, prefill_tokens=0):
     """Prefill ``tokens[B, P]`` into ``cache``, then decode up to ``sp.max_new_tokens``.
+    ``stop_table [S + 1, V]``: a ``StopAutomaton``'s table (None: no stop strings); each row's
+    state starts at 0 and a row whose state reaches ``S`` (a completed string) is done.
     With ``expand [B']`` the prefilled rows are distinct prompts: row ``expand[i]`` of the
     prefill becomes row ``i`` of the decode (its cache slots and next-token logits copied;
     with ``group_prefix`` the prefill's cache becomes the decode cache's shared prefix
@@ -293,7 +298,7 @@ def _generate(graph, state, cache, tokens, mask, stop, budget, active, key, expa
         return (step < n) & ~jnp.all(done)
 
     def body(s):
-        step, cache, logits, done, lengths, out_tok, out_lp, out_mlp = s
+        step, cache, logits, done, lengths, out_tok, out_lp, out_mlp, text = s
         step_key = jax.vmap(jax.random.fold_in, (0, None))(key, step) if key.ndim else \
             jax.random.fold_in(key, step)
         tok, lp, mlp = sample_token(logits, step_key, sp)
@@ -304,10 +309,13 @@ def _generate(graph, state, cache, tokens, mask, stop, budget, active, key, expa
         out_mlp = out_mlp.at[:, step].set(jnp.where(emit, mlp, 0.0))
         lengths = lengths + emit
         is_stop = jnp.any(tok[:, None] == stop, axis=-1)
+        if stop_table is not None:  # one gather per row: the stop-string automaton's step
+            text = jnp.where(emit, stop_table[text, tok], text)
+            is_stop = is_stop | (text == stop_table.shape[0] - 1)
         done = done | (emit & (is_stop | (lengths >= budget)))
         # Feed the token back (padding slot for finished rows) so the cache holds it.
         new_logits, cache = model(tok[:, None], cache.lengths[:, None], emit[:, None], cache)
-        return step + 1, cache, new_logits[:, 0], done, lengths, out_tok, out_lp, out_mlp
+        return step + 1, cache, new_logits[:, 0], done, lengths, out_tok, out_lp, out_mlp, text
 
     init = (
         jnp.zeros((), jnp.int32),
@@ -318,8 +326,9 @@ def _generate(graph, state, cache, tokens, mask, stop, budget, active, key, expa
         jnp.full((b, n), pad_id, jnp.int32),
         jnp.zeros((b, n), jnp.float32),
         jnp.zeros((b, n), jnp.float32),
+        jnp.zeros((b,), jnp.int32),  # each row's stop-string automaton state (unused without)
     )
-    step, cache, _, _, lengths, out_tok, out_lp, out_mlp = jax.lax.while_loop(cond, body, init)
+    step, cache, _, _, lengths, out_tok, out_lp, out_mlp, _ = jax.lax.while_loop(cond, body, init)
     out_mask = jnp.arange(n)[None, :] < lengths[:, None]
     return SampleOutput(tokens=out_tok, mask=out_mask, logprobs=out_lp, model_logprobs=out_mlp,
                         lengths=lengths, steps=step, prompt_tokens=tokens, prompt_mask=mask,
@@ -403,6 +412,7 @@ class Sampler:
         params: SamplingParams = SamplingParams(),
         mask=None,
         stop_tokens: Sequence[int] | np.ndarray = (),
+        stop_strings: StopAutomaton | None = None,
         max_new: Sequence[int] | np.ndarray | None = None,
         active: Sequence[bool] | np.ndarray | None = None,
         cache: KVCache | None = None,
@@ -418,6 +428,8 @@ class Sampler:
             own key, prompt and cache); the same keys, inputs and params give the same output.
           stop_tokens: ids that end a sequence (the stop token is emitted and counted), shared
             ``[K]`` or per sequence ``[B, K]`` (pad with -1).
+          stop_strings: compiled stop strings (``stop_strings.stop_automaton``): a sequence
+            ends with the token that completes one of them (that token emitted and counted).
           max_new: optional per-sequence token budgets ``[B]`` (<= ``params.max_new_tokens``).
           active: optional ``[B]`` bool; inactive rows generate nothing (finished episodes).
           cache: continue this cache (it is donated: do not reuse the passed object). It grows
@@ -471,8 +483,9 @@ class Sampler:
             np.asarray(max_new, np.int32), n)
         run = generate_jit(expand is not None, self.options)
         # Host arrays go to the jitted call as they are (its C++ path moves them).
+        table = None if stop_strings is None else stop_strings.device_table(self.config.vocab_size)
         return run(self.graph, self.state, cache, tokens, valid, stop, budget, act, key, expand,
-                   sp=params, pad_id=self.pad_id, group_prefix=bool(grouped),
+                   table, sp=params, pad_id=self.pad_id, group_prefix=bool(grouped),
                    prefill_tokens=self.prefill_tokens)
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from ragen_jax.rollout.agent import env_functions, row_state
 from ragen_jax.rollout.context import ChatFormat, ContextConfig
 from ragen_jax.rollout.sampler import SampleOutput, SamplingParams, pad_prompts
+from ragen_jax.rollout.stop_strings import StopAutomaton
 
 # script(row, call_index, prompt_ids, env_state) -> the row's answer token ids
 Script = Callable[[int, int, list[int], Any], Sequence[int]]
@@ -31,7 +32,8 @@ class ScriptedPolicy:
     that row (the new chunk, or the whole history without cache reuse) and ``env_state``
     that row's env state this turn (an unbatched numpy pytree; None when the caller passes
     no ``env_states``). Only active rows are scripted. The answer is cut after its first stop
-    token and at the token budget, exactly like the sampler. ``logprob`` is reported for
+    token, after the token completing a stop string and at the token budget, exactly like
+    the sampler. ``logprob`` is reported for
     every emitted token. Every call's prompts are recorded in ``calls`` (list of lists of id
     lists).
     """
@@ -57,8 +59,9 @@ class ScriptedPolicy:
         return cls(script, pad_id=tokenizer.pad_token_id or 0, **kw)
 
     def __call__(self, prompts, *, key=None, params: SamplingParams = SamplingParams(),
-                 stop_tokens=(), max_new=None, active=None, cache=None, mask=None,
-                 bucket=None, env_states=None) -> SampleOutput:
+                 stop_tokens=(), stop_strings: StopAutomaton | None = None, max_new=None,
+                 active=None, cache=None, mask=None, bucket=None,
+                 env_states=None) -> SampleOutput:
         del key, cache, mask
         rows = [list(map(int, p)) for p in prompts]
         call = len(self.calls)
@@ -72,7 +75,7 @@ class ScriptedPolicy:
         for i in map(int, np.flatnonzero(act)):
             state = None if env_states is None else row_state(env_states, i)
             out = _cut([int(t) for t in self.script(i, call, rows[i], state)],
-                       int(budget[i]), stops)
+                       int(budget[i]), stops, stop_strings)
             tokens[i, : len(out)] = out
             lengths[i] = len(out)
         mask = np.arange(n)[None, :] < lengths[:, None]
@@ -84,9 +87,14 @@ class ScriptedPolicy:
                             prompt_tokens=ptok, prompt_mask=pmask, cache=None)
 
 
-def _cut(ids: list[int], budget: int, stops: set[int]) -> list[int]:
-    """``ids`` cut at ``budget`` tokens and after the first stop token."""
+def _cut(ids: list[int], budget: int, stops: set[int],
+         stop_strings: StopAutomaton | None = None) -> list[int]:
+    """``ids`` cut at ``budget`` tokens, after the first stop token and after the token
+    that completes a stop string."""
     ids = ids[:budget]
+    at = None if stop_strings is None else stop_strings.first_stop(ids)
+    if at is not None:
+        ids = ids[: at + 1]
     for j, t in enumerate(ids):
         if t in stops:
             return ids[: j + 1]
