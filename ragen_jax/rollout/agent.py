@@ -24,7 +24,7 @@ One ``AgentRollout.collect`` call plays ``groups x group_size`` episodes of one 
   sequences prefills the whole prompts into a fresh cache.
 * **Stop strings** (``rollout.stop_strings``, off by default; ``</answer>`` in the real-model
   presets): besides the stop ids, a turn ends with the sampled token that completes one of
-  them (``rollout.stop_strings``: a per-token automaton in the jitted decode loop), so an
+  them (``rollout/stop_strings.py``: a per-token automaton in the jitted decode loop), so an
   answer that goes on after ``</answer>`` does not hold the batch to the token budget.
 * **Budgets** (RAGEN's): at most ``max_turn`` LLM calls, ``max_actions_per_traj`` env actions
   per episode, ``max_actions_per_turn`` per turn; a turn's valid actions run in order until
@@ -183,11 +183,11 @@ class Policy(Protocol):
     """What the loop calls each turn: ``Sampler`` or a scripted policy.
 
     ``prompts``: per row the token ids to prefill (empty for inactive rows); ``key``: one
-    key per row; ``stop_strings``: the rollout's compiled stop strings (None: none), ending a
-    row's answer with the token that completes one; ``active``: ``[B]`` bool, the rows to
-    answer; ``cache``: the previous turn's
-    returned cache (None on the first turn or without cache reuse); ``env_states``: the host
-    numpy pytree of this turn's batched env states (row ``b`` is row ``b``'s state).
+    key per row; ``stop_tokens``: the ids that end an answer; ``stop_strings``: the rollout's
+    compiled stop strings (None: none), ending an answer with the token that completes one;
+    ``active``: ``[B]`` bool, the rows to answer; ``cache``: the previous turn's returned cache
+    (None on the first turn or without cache reuse); ``env_states``: the host numpy pytree of
+    this turn's batched env states (row ``b`` is row ``b``'s state).
     """
 
     def __call__(self, prompts: Sequence[Sequence[int]], *, key: jax.Array,
