@@ -217,3 +217,44 @@ def test_broken_folder_is_one_line_from_export(trained, hub_folder, tmp_path, ho
                      f"--config.model.path={bad}"])
     message = str(exc.value)
     assert message.startswith("ragen_jax.export: ") and "\n" not in message and BROKEN[how] in message
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_other_families_train_and_export_as_themselves(model_type, tmp_path):
+    """A tiny random Llama (SmolLM2's kind) or Qwen3 folder with Qwen2.5's tokenizer trains
+    two steps through the run's whole path (rollout, update, checkpoint, validation) and the
+    export is the same architecture, with transformers reading our trained logits back."""
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ragen_jax.export import main as export_main
+    from ragen_jax.models import QwenConfig, positions_from_mask
+    from ragen_jax.train import run
+    from ragen_jax.train_state import load_policy
+    from tests.qwen25_folder import write_model
+
+    kw = dict(attention_bias=True, mlp_bias=True) if model_type == "llama" else dict(head_dim=32)
+    config = QwenConfig(vocab_size=VOCAB_ROWS, hidden_size=64, intermediate_size=128,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                        tie_word_embeddings=True, bos_token_id=ENDOFTEXT, eos_token_id=IM_END,
+                        model_type=model_type, **kw)
+    model_dir = write_model(tmp_path / "model", config)
+    out = tmp_path / "run"
+    summary = run(folder_config(model_dir, out, extra=("--config.model.dtype=float32",)))
+    assert summary["step"] == 2
+    hf_dir = export_main(["--checkpoint", str(out), "--out", str(tmp_path / "hf"),
+                          "--dtype", "float32"])
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    assert cfg["model_type"] == model_type
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    assert type(hf).__name__ == {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}[model_type]
+    policy, _, _, step = load_policy(str(out), None, None)
+    assert step == 2 and policy.config.model_type == model_type
+    tokens = np.random.RandomState(0).randint(0, 1000, (1, 12))
+    mask = jnp.ones(tokens.shape, jnp.int32)
+    ours, _ = policy(jnp.asarray(tokens), positions_from_mask(mask), mask)
+    with torch.no_grad():
+        ref = hf(torch.tensor(tokens)).logits.float().numpy()
+    assert np.abs(np.asarray(ours) - ref).max() <= 1e-4
