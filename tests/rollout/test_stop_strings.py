@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragen_jax.envs import make
-from ragen_jax.models import Qwen2ForCausalLM, QwenConfig, positions_from_mask
+from ragen_jax.models import positions_from_mask
 from ragen_jax.rollout import Sampler, SamplingParams, ScriptedPolicy
 from ragen_jax.rollout.agent import AgentRollout, RolloutConfig
 from ragen_jax.rollout.stop_strings import byte_automaton, stop_automaton
@@ -120,17 +120,6 @@ def test_qwen_answer_stops_on_the_token_that_completes_it(qwen_tok):
 
 # ---------------------------------------------------------------------------------- the sampler
 
-TINY = QwenConfig.tiny(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                       tie_word_embeddings=False)
-
-
-@pytest.fixture(scope="module")
-def tiny_model():
-    m = Qwen2ForCausalLM(TINY, rngs=nnx.Rngs(0))
-    head = m.lm_head.weight
-    head[...] = head[...] * 10.0  # sharper logits: fewer near-ties in greedy decoding
-    return m
 
 
 def _spanning_string(tok, ids: list[int], start: int) -> tuple[str, int] | None:
