@@ -15,14 +15,18 @@ held-out-names Bandit, our BanditTest), the distance a trained run has to go.
         --model qwen0.5b=qwen2.5-0.5b-cpu=/path/qwen-folder --episodes 16 \\
         --out experiments/results/zero_shot.md
 
-Each (model, env) evaluation's files go to ``--work/<model>-<env>/`` (metrics.json,
-trajectories.jsonl, viewer.html), so the answers behind each number can be read.
+Each (model, env) evaluation runs in a process of its own (one process holding every
+model's compiled programs in turn grew past 15 GB) and writes its files to
+``--work/<model>-<env>/`` (metrics.json, trajectories.jsonl, viewer.html), so the answers
+behind each number can be read.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -71,23 +75,46 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def run_child(spec: str, env: str, args: argparse.Namespace) -> list[dict]:
+    """``run_one`` in a fresh process (``--child``); its rows come back as JSON."""
+    out = Path(args.work) / f"rows-{spec.split('=', 1)[0]}-{env}.json"
+    cmd = [sys.executable, __file__, "--child", spec, "--envs", env, "--episodes",
+           str(args.episodes), "--work", args.work, "--child-out", str(out),
+           *[f"--override={o}" for o in args.override]]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+        raise RuntimeError(tail[0][:200])
+    return json.loads(out.read_text())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", action="append", required=True, metavar="NAME=PRESET=PATH")
+    ap.add_argument("--model", action="append", default=[], metavar="NAME=PRESET=PATH")
     ap.add_argument("--envs", default=",".join(ENVS))
     ap.add_argument("--episodes", type=int, default=16, help="validation episodes per tag")
     ap.add_argument("--work", default="/tmp/zero_shot", help="per-evaluation output folders")
     ap.add_argument("--out", default=None, help="markdown table (also printed)")
     ap.add_argument("--override", action="append", default=[],
                     help="more --config.a.b=value flags for every evaluation")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    if args.child:  # one (model, env) evaluation, rows to --child-out
+        name, preset, path = args.child.split("=", 2)
+        rows = run_one(name, preset, path, args.envs, args.episodes, work, args.override)
+        Path(args.child_out).write_text(json.dumps(rows))
+        return
+    if not args.model:
+        ap.error("give at least one --model NAME=PRESET=PATH")
     rows: list[dict] = []
     for spec in args.model:
-        name, preset, path = spec.split("=", 2)
+        name = spec.split("=", 1)[0]
         for env in args.envs.split(","):
             try:
-                rows += run_one(name, preset, path, env, args.episodes, work, args.override)
+                rows += run_child(spec, env, args)
             except Exception as e:  # one failed cell is a row saying so; the rest still run
                 rows.append({"model": name, "env": env, "error": f"{type(e).__name__}: {e}"[:200]})
             print(table(rows), flush=True)
