@@ -113,7 +113,7 @@ class QwenConfig:
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     model_type: str = "qwen2"  # "qwen2" | "llama" | "qwen3": MODEL_TYPES
-    attention_bias: bool | None = None  # biases on q/k/v (and o for llama); None: the family's
+    attention_bias: bool | None = None  # biases on q/k/v (and o for llama and qwen3); None: the family's
     mlp_bias: bool = False  # llama's biases on gate/up/down
     # llama3 rope scaling (Llama 3.1+): (factor, low_freq_factor, high_freq_factor,
     # original_max_position_embeddings); None: plain rope.

@@ -44,6 +44,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 
 def byte_automaton(patterns: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
@@ -80,20 +81,6 @@ def byte_automaton(patterns: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:
     return delta, np.asarray(accept, bool)
 
 
-def _bytes_to_unicode() -> dict[str, int]:
-    """GPT-2's byte-level alphabet, inverted: the printable character standing for each byte
-    in a byte-level BPE vocabulary -> the byte."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-            *range(ord("®"), ord("ÿ") + 1)]
-    chars, n = list(keep), 0
-    for b in range(256):
-        if b not in keep:
-            keep.append(b)
-            chars.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(keep, chars, strict=True)}
-
-
 def _byte_level(tokenizer: Any) -> bool:
     """Whether the tokenizer's decoder is byte-level (its vocabulary strings stand for bytes)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -113,7 +100,8 @@ def token_bytes(tokenizer: Any, vocab_size: int) -> list[bytes]:
     ids = list(range(n))
     if _byte_level(tokenizer):
         # str.translate maps every character to the byte it stands for in one C loop.
-        table = {ord(c): b for c, b in _bytes_to_unicode().items()}
+        # (transformers' GPT-2 byte alphabet, byte -> the character standing for it, inverted)
+        table = {ord(c): b for b, c in bytes_to_unicode().items()}
 
         def one(i: int, piece: str | None) -> bytes:
             if i in added:
