@@ -36,6 +36,7 @@ import jax
 from ml_collections import ConfigDict
 
 from ragen_jax.config import load_config, load_run_config
+from ragen_jax.host_memory import return_large_frees_to_os
 from ragen_jax.models import CheckpointError, compute_copy
 from ragen_jax.rollout.agent import AgentRollout, RolloutBatch
 from ragen_jax.rollout.mix import EnvSlot, collect_val
@@ -103,6 +104,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: last)")
     p.add_argument("--out", default="results/eval", help="output folder")
     args, rest = p.parse_known_args(argv)
+    return_large_frees_to_os()  # before the weights arrive: see host_memory.py
     try:
         base = load_run_config(args.checkpoint) if args.checkpoint else None
         config = load_config(rest, prog="ragen_jax.eval", default=str(DEFAULT_CONFIG), base=base)

@@ -36,6 +36,7 @@ from ragen_jax.collapse_monitor import KINDS, CollapseMonitor
 from ragen_jax.config import use_run_snapshot
 from ragen_jax.early_stopping import Streaks, early_stop_reason
 from ragen_jax.envs import make
+from ragen_jax.host_memory import return_large_frees_to_os
 from ragen_jax.metrics import MetricsLogger, device_memory, make_sinks
 from ragen_jax.models import compute_copy, hf_folder
 from ragen_jax.rollout.agent import AgentRollout, RolloutBatch, RolloutConfig
@@ -538,6 +539,7 @@ def run(config: ConfigDict | RunConfig, **kw: Any) -> dict[str, Any]:
     if not isinstance(config, RunConfig):
         config = from_config_dict(use_run_snapshot(config))  # the model folder may have moved
     run_config = config
+    return_large_frees_to_os()  # before the weights arrive: see host_memory.py
     dist.initialize(run_config.distributed)  # a no-op if launch.py already did it
     if jax.process_index() == 0:  # before the model is built: which dtype it is built in
         print(compute_dtype(run_config.model)[1], flush=True)

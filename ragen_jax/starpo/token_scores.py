@@ -8,7 +8,9 @@ is applied to ``chunk`` positions at a time in a ``lax.scan`` whose body is unde
 ``jax.checkpoint``: forward and backward each hold one chunk's ``[B, chunk, V]`` logits, and
 the backward recomputes them instead of storing them. With a ``mask`` of the slots that
 matter (the loss mask), chunks with no such slot in the whole batch are skipped
-(``lax.cond``); long unmasked prompts then cost no head projection at all.
+(``lax.cond``); long unmasked prompts then cost no head projection at all. A chunk also holds
+at most ``MAX_CHUNK_LOGITS`` logits (fewer positions for wide batches): 64 diagnostic pairs of
+128 positions over Qwen2.5's vocabulary would otherwise be a 5 GB chunk.
 
 ``token_logprobs`` scores a batch of sequences (the update, SFT); ``target_logprobs`` scores
 given hidden states against given targets (the collapse diagnostics, which run the decoder on
@@ -21,6 +23,11 @@ import jax
 import jax.numpy as jnp
 
 from ragen_jax.models.qwen import Qwen2ForCausalLM, SharedPrefix
+
+# Logits one chunk may hold ([B, positions, V] elements): 2**27 float32 = 512 MiB, plus the
+# softmax's temporaries of that size. An update micro-batch of 8 x 128 positions of Qwen2.5
+# (156M) takes 110 positions a chunk; the collapse diagnostics' 64 pairs 13.
+MAX_CHUNK_LOGITS = 2**27
 
 
 def _scores_fwd(logits: jax.Array, ids: jax.Array):
@@ -62,11 +69,13 @@ def target_logprobs(model: Qwen2ForCausalLM, hidden: jax.Array, targets: jax.Arr
     ``hidden[b, t]`` (logits divided by ``temperature``), and that distribution's entropy.
 
     ``hidden [B, T, E]`` are final hidden states, ``targets [B, T]`` token ids. Positions are
-    processed ``chunk`` at a time (at most; chunks are evened out to limit padding). With
+    processed ``chunk`` at a time (at most, and at most ``MAX_CHUNK_LOGITS`` logits; chunks are
+    evened out to limit padding). With
     ``mask [B, T]``, slots where it is 0 get 0 and chunks where it is 0 for every row are not
     computed; the other slots' values do not depend on ``mask``.  # [B, T], [B, T]
     """
     b, t = targets.shape
+    chunk = max(1, min(chunk, MAX_CHUNK_LOGITS // (b * model.config.vocab_size)))
     if mask is None:
         mask = jnp.ones((b, t), bool)
     mask = mask.astype(bool)

@@ -139,3 +139,34 @@ def test_grad_never_materialises_full_vocabulary_logits():
     assert temp_bytes(reference) - base > 2 * full_logits
     chunked = temp_bytes(lambda *a: token_logprobs(*a, chunk=16)) - base
     assert chunked < full_logits / 8, (chunked, full_logits)
+
+
+def test_wide_batches_take_fewer_positions_a_chunk(monkeypatch):
+    """A chunk holds at most ``MAX_CHUNK_LOGITS`` logits: a wide batch (the collapse
+    diagnostics' pairs) gets fewer positions a chunk, its values unchanged, and XLA's
+    temporaries shrink with the budget."""
+    from ragen_jax.starpo import token_scores
+
+    model, ids, attn, pos = make_case()
+    hidden, _ = jax.jit(lambda: model.model(ids, pos, attn))()
+    want = jax.jit(lambda: target_logprobs(model, hidden[:, :-1], ids[:, 1:], chunk=256))()
+    monkeypatch.setattr(token_scores, "MAX_CHUNK_LOGITS", 3 * 2 * 64)  # 2 positions a chunk
+    got = jax.jit(lambda: target_logprobs(model, hidden[:, :-1], ids[:, 1:], chunk=256))()
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+    batch, length, vocab = 8, 128, 16384
+    cfg = QwenConfig.tiny(**{**CFG, "vocab_size": vocab, "num_hidden_layers": 1})
+    abstract = nnx.eval_shape(lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)))
+    h = jax.ShapeDtypeStruct((batch, length, CFG["hidden_size"]), jnp.float32)
+    t = jax.ShapeDtypeStruct((batch, length), jnp.int32)
+
+    graphdef, state = nnx.split(abstract)
+
+    def temp_bytes(budget):
+        monkeypatch.setattr(token_scores, "MAX_CHUNK_LOGITS", budget)
+        f = jax.jit(lambda s, h, t: target_logprobs(nnx.merge(graphdef, s), h, t, chunk=length))
+        return f.lower(state, h, t).compile().memory_analysis().temp_size_in_bytes
+
+    full = batch * length * vocab  # 64 MiB of float32 logits in one chunk
+    assert temp_bytes(full // 16) < temp_bytes(full) / 8
