@@ -23,7 +23,9 @@ from ragen_jax.envs.bandit import Bandit
 from ragen_jax.envs.base import TextEnv
 from ragen_jax.envs.countdown import Countdown
 from ragen_jax.envs.frozenlake import FrozenLake
+from ragen_jax.envs.game2048 import Game2048
 from ragen_jax.envs.host import HostEnv, HostEnvFamily
+from ragen_jax.envs.rubiks import RubiksCube
 from ragen_jax.envs.sokoban import Sokoban
 from ragen_jax.envs.sudoku import Sudoku
 
@@ -33,6 +35,8 @@ REGISTRY: dict[str, type[TextEnv] | Callable[..., HostEnv]] = {
     "bandit": Bandit,
     "countdown": Countdown,
     "sudoku": Sudoku,
+    "game2048": Game2048,
+    "rubikscube": RubiksCube,
 }
 
 HOST_OPTIONS = ("parallel_friendly", "max_workers", "step_timeout")
