@@ -237,7 +237,7 @@ class Game2048(TextEnv[EnvState, EnvParams]):
             {
                 "board": spaces.Box(0, 2 ** (n * n + 1), (n, n), jnp.int32),
                 "score": spaces.Box(0, jnp.iinfo(jnp.int32).max, (), jnp.int32),
-                "key": spaces.Box(0, jnp.iinfo(jnp.uint32).max, (2,), jnp.uint32),
+                "key": spaces.Box(jnp.uint32(0), jnp.uint32(2**32 - 1), (2,), jnp.uint32),
                 "time": spaces.Discrete(int(params.max_steps) + 1),
             }
         )
