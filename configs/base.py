@@ -155,3 +155,11 @@ def solver_mixture_prior(c: ConfigDict) -> None:
     c.warmstart.lr = 1e-3
     c.warmstart.seed = 0
     c.trainer.total_steps = 100  # ~15-20 minutes of RL on 2 cores
+
+
+def limited_window(c: ConfigDict, turns: int) -> None:
+    """Each turn's prompt shows the system message and the last ``turns`` turns (RAGEN's
+    ``max_context_window``), and trains one row per turn (a windowed prompt is its own row)."""
+    c.rollout.context_window = "limited"
+    c.rollout.window_turns = turns
+    c.algorithm.sample_unit = "turn"

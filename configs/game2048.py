@@ -16,13 +16,10 @@ def get_config(preset: str = "tiny"):
     c.rollout.max_turn = 800
     c.rollout.max_actions_per_turn = 1
     c.rollout.max_actions_per_traj = 700
-    # RAGEN's max_context_window 5: each turn's prompt shows the last five turns.
-    c.rollout.context_window = "limited"
-    c.rollout.window_turns = 5
-    c.algorithm.sample_unit = "turn"
+    # RAGEN's max_context_window 5; the tiny model sees the current board only (the whole state).
+    base.limited_window(c, 1 if preset == "tiny" else 5)
     if preset == "tiny":
         c.rollout.max_turn = 20
-        c.rollout.window_turns = 1
         c.warmstart.legal_actions = True  # the format start's moves change the board
     else:
         c.rollout.response_length = 256

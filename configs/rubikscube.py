@@ -19,12 +19,9 @@ def get_config(preset: str = "tiny"):
     c.rollout.max_turn = 25
     c.rollout.max_actions_per_turn = 4
     c.rollout.max_actions_per_traj = 20
-    # RAGEN's max_context_window 5: each turn's prompt shows the last five turns.
-    c.rollout.context_window = "limited"
-    c.rollout.window_turns = 5
-    c.algorithm.sample_unit = "turn"
+    # RAGEN's max_context_window 5; the tiny model sees the current stickers only (the whole state).
+    base.limited_window(c, 1 if preset == "tiny" else 5)
     if preset == "tiny":
-        c.rollout.window_turns = 1  # the stickers are the whole state
         c.rollout.response_length = 24  # four moves and the tags
     else:
         c.rollout.response_length = 500

@@ -416,6 +416,9 @@ def main() -> None:
     parser.add_argument("--sokoban-only", action="store_true",
                         help="only the Sokoban difficulty section (bench_envs_sokoban.md)")
     parser.add_argument("--levels", type=int, default=None, help="levels per difficulty cell")
+    parser.add_argument("--envs", default=None,
+                        help="only the throughput rows of these envs, e.g. game2048,rubikscube "
+                             "(prints, writes nothing)")
     parser.add_argument("--cell", default=None,
                         help="with --sokoban-only: one cell, e.g. 10x10/3/300 (prints, writes nothing)")
     args = parser.parse_args()
@@ -445,7 +448,9 @@ def main() -> None:
               "| env | envs | steps/s (`step_env`) | steps/s (gymnax `step`, auto-reset) | resets/s |",
               "|---|---|---|---|---|"]
     envs = [("sokoban", {}), ("sokoban", {"dim_room": (8, 8), "num_boxes": 2}),
-            ("frozenlake", {}), ("bandit", {})]
+            ("frozenlake", {}), ("bandit", {}), ("game2048", {}), ("rubikscube", {})]
+    if args.envs:
+        envs = [(name, {}) for name in args.envs.split(",")]
     for name, kwargs in envs:
         label = name + (" 8x8/2" if kwargs else "")
         for n in sizes:
@@ -453,6 +458,8 @@ def main() -> None:
             lines.append(f"| {label} | {n} | {_fmt(rates['steps/s'])} | "
                          f"{_fmt(rates['auto-reset steps/s'])} | {_fmt(rates['resets/s'])} |")
             print(lines[-1], flush=True)
+    if args.envs:
+        return
 
     py = python_sokoban_rates(2000 if args.quick else 20000)
     ours = jax_rates("sokoban", {}, sizes[-1], 100)

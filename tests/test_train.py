@@ -728,3 +728,19 @@ def test_windowed_sokoban_preset_trains_turn_rows_and_diagnoses_first_turns(tmp_
     assert not any(k.startswith("collapse_trajectory_sample/") for k in m)
     assert m["train/batch_size"] > m["rollout/num_trajectories"] == 8  # a row per answered turn
     assert "val-env/Sokoban/success" in metrics[2]
+
+
+@pytest.mark.parametrize("env", ["game2048", "rubikscube"])
+def test_game2048_and_cube_presets_train_two_steps(env, tmp_path):
+    """configs/game2048.py and configs/rubikscube.py on the micro model, their prior from the
+    solver mixture (the cube's BFS solver, 2048's scripted baseline): two updates with finite
+    losses and the env's metrics."""
+    summary = _run(micro_config(tmp_path, steps=2, env=env, extra=(
+        "--config.rollout.max_turn=2", "--config.warmstart.solver_share=0.5",
+        "--config.rollout.response_length=24", "--config.trainer.val_before_train=False")))
+    assert summary["step"] == 2
+    metrics = read_jsonl(tmp_path / "metrics.jsonl")
+    tag = {"game2048": "Game2048", "rubikscube": "RubiksCube"}[env]
+    for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", f"train/{tag}/success"):
+        assert np.isfinite(metrics[1][key]), key
+    assert f"val-env/{tag}/success" in metrics[2]

@@ -35,29 +35,24 @@ def _cycle(s, groups):
             s[i] = v
 
 
+# Per face: (its index in U L F R B D, the four sticker groups cycled around it).
+REF_SIDES = {
+    "U": (0, [(8, 9), (12, 13), (16, 17), (4, 5)]),
+    "D": (5, [(10, 11), (6, 7), (18, 19), (14, 15)]),
+    "L": (1, [(0, 2), (19, 17), (20, 22), (8, 10)]),
+    "R": (3, [(1, 3), (9, 11), (21, 23), (18, 16)]),
+    "F": (2, [(2, 3), (7, 5), (21, 20), (12, 14)]),
+    # RAGEN's B: its middle two assignments take the stickers in reverse order ...
+    "B": (4, [(0, 1), (13, 15), (22, 23), (6, 4)]),
+}
+REF_PHYSICAL_B = (4, [(0, 1), (13, 15), (23, 22), (6, 4)])  # ... B on a real cube
+
+
 def ref_turn(s, face, physical=False):
     """One clockwise turn of ``face`` (U D L R F B) on the sticker list ``s``, in place."""
-    if face == "U":
-        _face_cw(s, 0)
-        _cycle(s, [(8, 9), (12, 13), (16, 17), (4, 5)])
-    elif face == "D":
-        _face_cw(s, 5)
-        _cycle(s, [(10, 11), (6, 7), (18, 19), (14, 15)])
-    elif face == "L":
-        _face_cw(s, 1)
-        _cycle(s, [(0, 2), (19, 17), (20, 22), (8, 10)])
-    elif face == "R":
-        _face_cw(s, 3)
-        _cycle(s, [(1, 3), (9, 11), (21, 23), (18, 16)])
-    elif face == "F":
-        _face_cw(s, 2)
-        _cycle(s, [(2, 3), (7, 5), (21, 20), (12, 14)])
-    elif physical:  # B on a real cube
-        _face_cw(s, 4)
-        _cycle(s, [(0, 1), (13, 15), (23, 22), (6, 4)])
-    else:  # RAGEN's B: its middle two assignments take the stickers in reverse order
-        _face_cw(s, 4)
-        _cycle(s, [(0, 1), (13, 15), (22, 23), (6, 4)])
+    index, sides = REF_PHYSICAL_B if physical and face == "B" else REF_SIDES[face]
+    _face_cw(s, index)
+    _cycle(s, sides)
 
 
 def ref_apply(s, action, physical=False):
