@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
@@ -233,6 +234,21 @@ def sft_loss(model: Any, batch: dict[str, jax.Array], prefixes: Prefixes | None 
     return -jnp.sum(logp * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
+def _on_params_mesh(tree: Any, params: Any) -> Any:
+    """``tree`` with every leaf that is not on a mesh replicated on the mesh of ``params``.
+
+    The step returns its optimizer state on that mesh; an optimizer state made outside it
+    (AdamW's scalar step count) would differ from the step's output in type, and the second
+    step would compile the whole program again."""
+    meshes = [x.sharding.mesh for x in jax.tree.leaves(params)
+              if isinstance(getattr(x, "sharding", None), NamedSharding)]
+    if not meshes:
+        return tree
+    replicated = NamedSharding(meshes[0], PartitionSpec())
+    return jax.tree.map(lambda x: x if isinstance(getattr(x, "sharding", None), NamedSharding)
+                        else jax.device_put(x, replicated), tree)
+
+
 def train_sft(model: Any, data: dict[str, np.ndarray], *, steps: int, batch_size: int, lr: float,
               seed: int, trainable: Any = nnx.Param, log: Any = None,
               share_prefix: bool = True) -> list[float]:
@@ -244,7 +260,7 @@ def train_sft(model: Any, data: dict[str, np.ndarray], *, steps: int, batch_size
     first prompt then runs once per step (``starpo.rows.group_prefix_lengths``, exact)."""
     graphdef, params, rest = nnx.split(model, trainable, ...)
     optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(lr, weight_decay=0.0))
-    opt_state = optimizer.init(params)
+    opt_state = _on_params_mesh(optimizer.init(params), params)
 
     @jax.jit
     def step(params, opt_state, batch, prefixes):

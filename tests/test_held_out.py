@@ -22,7 +22,8 @@ def rendered(rollout: AgentRollout, seeds: np.ndarray, *, held_out: bool) -> lis
     return [rollout.env.render_text(row_state(out.host, b)) for b in range(len(seeds))]
 
 
-@pytest.mark.parametrize("config", ["sokoban", "frozenlake", "mixed", "countdown", "sudoku"])
+@pytest.mark.parametrize("config", ["sokoban", "frozenlake", "mixed", "countdown", "sudoku",
+                                    "game2048", "rubikscube", "metamathqa", "search"])
 def test_prior_data_and_training_stream_hold_out_every_validation_level(config, tmp_path, monkeypatch):
     steps = 100
     run = load_config([
@@ -54,7 +55,9 @@ def test_prior_data_and_training_stream_hold_out_every_validation_level(config, 
                             held_out=False))
     states = [s for s in played if not s.startswith("redrawn:")]
     assert len(states) >= 256 and not val & set(states)
-    small = config in ("sokoban", "frozenlake", "mixed")  # generators that repeat levels often
+    # Generators that repeat levels often (2048: two starting tiles; the cube: 1,016 depth-3
+    # scrambles; the QA presets' samples: 26 and 6 questions).
+    small = config in ("sokoban", "frozenlake", "mixed", "game2048", "rubikscube", "metamathqa", "search")
     if small:
         assert "redrawn:True" in played  # some data seeds met a validation level and were redrawn
 
@@ -70,6 +73,25 @@ def test_prior_data_and_training_stream_hold_out_every_validation_level(config, 
         assert not val & after
         if small:
             assert val & before, f"{slot.tag}: without holding out, training replays validation levels"
+
+
+def test_rubikscube_depth1_variant_validates_on_training_levels_and_cannot_hold_out(tmp_path):
+    """RAGEN's depth 1 has 12 scrambles, all among the validation levels: its variant config
+    turns holding out off, and turning it back on leaves training no level (HeldOutError)."""
+    from ragen_jax.envs.levels import HeldOutError
+
+    args = ["--config", str(ROOT / "configs/rubikscube_depth1.py"), f"--config.trainer.output_dir={tmp_path}",
+            "--config.model.hidden_size=32", "--config.model.intermediate_size=64",
+            "--config.model.num_hidden_layers=1"]
+    trainer = Trainer(load_config(args))
+    assert trainer.held_out.size == 0
+    slot = trainer.slots[0]
+    val = set(rendered(slot.rollout, trainer.plan.rollout.val_seed + np.arange(slot.val_groups), held_out=False))
+    assert len(val) == 12  # every depth-1 scramble is a validation level
+    held = Trainer(load_config(args + ["--config.rollout.held_out_val=True",
+                                       f"--config.trainer.output_dir={tmp_path / 'h'}"]))
+    with pytest.raises(HeldOutError):
+        rendered(held.slots[0].rollout, train_seeds(held.plan.rollout, 0), held_out=True)
 
 
 def test_val_extra_levels_are_held_out_too_and_bandit_validates_on_training_levels(tmp_path):

@@ -737,10 +737,29 @@ def test_game2048_and_cube_presets_train_two_steps(env, tmp_path):
     losses and the env's metrics."""
     summary = _run(micro_config(tmp_path, steps=2, env=env, extra=(
         "--config.rollout.max_turn=2", "--config.warmstart.solver_share=0.5",
-        "--config.rollout.response_length=24", "--config.trainer.val_before_train=False")))
+        "--config.rollout.response_length=24", "--config.trainer.val_before_train=False",
+        # The collapse diagnostics are the windowed Sokoban test's; here they only compile.
+        "--config.diagnostics.compute_freq=0")))
     assert summary["step"] == 2
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
     tag = {"game2048": "Game2048", "rubikscube": "RubiksCube"}[env]
     for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", f"train/{tag}/success"):
         assert np.isfinite(metrics[1][key]), key
     assert f"val-env/{tag}/success" in metrics[2]
+
+
+def test_metamathqa_preset_trains_two_steps_with_retries(tmp_path):
+    """configs/metamathqa.py on the micro model and our 26-question sample: two updates with
+    finite losses, up to three answers per question (RAGEN's retries). (Its validation is held
+    out: tests/test_held_out.py.)"""
+    summary = _run(micro_config(tmp_path, steps=2, env="metamathqa", extra=(
+        "--config.rollout.response_length=16", "--config.trainer.val_before_train=False",
+        "--config.diagnostics.compute_freq=0")))
+    assert summary["step"] == 2
+    metrics = read_jsonl(tmp_path / "metrics.jsonl")
+    for step in (1, 2):
+        m = metrics[step]
+        for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "train/MetamathQA/success"):
+            assert np.isfinite(m[key]), key
+        assert 1.0 <= m["train/MetamathQA/num_turns"] <= 3.0
+    assert "val-env/MetamathQA/success" in metrics[2]

@@ -28,15 +28,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ragen_jax.envs.arithmetic import parse
+from ragen_jax.envs.datafile import read_rows
 from ragen_jax.envs.host import HostEnv
 
 INSTRUCTION = (
@@ -95,34 +94,10 @@ def _integer(x: Any) -> int:
     return int(x)
 
 
-def _parquet_rows(path: str) -> list[dict]:
-    """The rows of a parquet file as dicts (``pyarrow``: ``pip install 'ragen_jax[parquet]'``)."""
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise ImportError(f"reading {path} needs pyarrow: pip install 'ragen_jax[parquet]' "
-                          f"(or give a JSONL file)") from None
-    try:
-        return pq.read_table(path).to_pylist()
-    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"{path}: not a readable parquet file ({first})") from None
-
-
 @functools.lru_cache(maxsize=8)
 def _read_puzzles(path: str, mtime: float) -> tuple[Puzzle, ...]:
     del mtime  # part of the cache key only: an edited file is read again
-    suffix = Path(path).suffix.lower()
-    if suffix == ".parquet":
-        rows = _parquet_rows(path)
-    else:
-        rows = []
-        for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path} line {n}: not JSON ({e})") from None
+    rows = read_rows(path)
     puzzles = []
     for n, row in enumerate(rows, 1):
         where = f"{path} row {n}"
@@ -142,8 +117,6 @@ def _read_puzzles(path: str, mtime: float) -> tuple[Puzzle, ...]:
         except (TypeError, ValueError, OverflowError):
             raise ValueError(f"{where}: 'nums' must be a list of integers, got {nums!r}") from None
         puzzles.append(Puzzle(target, numbers))
-    if not puzzles:
-        raise ValueError(f"{path} holds no puzzle")
     return tuple(puzzles)
 
 

@@ -25,7 +25,9 @@ from ragen_jax.envs.countdown import Countdown
 from ragen_jax.envs.frozenlake import FrozenLake
 from ragen_jax.envs.game2048 import Game2048
 from ragen_jax.envs.host import HostEnv, HostEnvFamily
+from ragen_jax.envs.metamathqa import MetaMathQA
 from ragen_jax.envs.rubiks import RubiksCube
+from ragen_jax.envs.search import Search
 from ragen_jax.envs.sokoban import Sokoban
 from ragen_jax.envs.sudoku import Sudoku
 
@@ -37,6 +39,8 @@ REGISTRY: dict[str, type[TextEnv] | Callable[..., HostEnv]] = {
     "sudoku": Sudoku,
     "game2048": Game2048,
     "rubikscube": RubiksCube,
+    "metamathqa": MetaMathQA,
+    "search": Search,
 }
 
 HOST_OPTIONS = ("parallel_friendly", "max_workers", "step_timeout")
