@@ -24,6 +24,7 @@ from ragen_jax.envs.base import TextEnv
 from ragen_jax.envs.countdown import Countdown
 from ragen_jax.envs.frozenlake import FrozenLake
 from ragen_jax.envs.game2048 import Game2048
+from ragen_jax.envs.gem_env import GemEnv
 from ragen_jax.envs.host import HostEnv, HostEnvFamily
 from ragen_jax.envs.metamathqa import MetaMathQA
 from ragen_jax.envs.rubiks import RubiksCube
@@ -41,6 +42,7 @@ REGISTRY: dict[str, type[TextEnv] | Callable[..., HostEnv]] = {
     "rubikscube": RubiksCube,
     "metamathqa": MetaMathQA,
     "search": Search,
+    "gem": GemEnv,
 }
 
 HOST_OPTIONS = ("parallel_friendly", "max_workers", "step_timeout")
