@@ -1,15 +1,30 @@
 """Environments: pure-JAX text environments (gymnax style: Sokoban, FrozenLake, Bandit) and
-host environments (Python, free-text actions: Countdown, Sudoku, any Gymnasium env)."""
+host environments (Python, free-text actions: Countdown, Sudoku, any Gymnasium env).
 
-from ragen_jax.envs.bandit import Bandit
-from ragen_jax.envs.base import TextEnv
-from ragen_jax.envs.countdown import Countdown
-from ragen_jax.envs.frozenlake import FrozenLake
-from ragen_jax.envs.gymnasium_env import GymnasiumEnv
-from ragen_jax.envs.host import HostEnv, HostEnvFamily, HostState
-from ragen_jax.envs.registry import REGISTRY, make, register
-from ragen_jax.envs.sokoban import Sokoban
-from ragen_jax.envs.sudoku import Sudoku
+The names below load on first use: the JAX envs import gymnax, which starts JAX's backend at
+import, and a host env's worker process (``envs.processes``) imports only the host env it
+builds (``ragen_jax.envs.countdown`` needs no JAX), so it starts light and never forks JAX's
+threads.
+"""
 
-__all__ = ["REGISTRY", "Bandit", "Countdown", "FrozenLake", "GymnasiumEnv", "HostEnv",
-           "HostEnvFamily", "HostState", "Sokoban", "Sudoku", "TextEnv", "make", "register"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "Bandit": "bandit", "TextEnv": "base", "Countdown": "countdown", "FrozenLake": "frozenlake",
+    "GymnasiumEnv": "gymnasium_env", "HostEnv": "host", "HostEnvFamily": "host",
+    "HostState": "host", "REGISTRY": "registry", "make": "registry", "register": "registry",
+    "Sokoban": "sokoban", "Sudoku": "sudoku",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
