@@ -157,7 +157,11 @@ class _Worker:
                                "its seed and actions)")
         self.instances[row] = env
 
-    def random_action(self, row: int, rng: Any) -> tuple[str, Any]:
+    def random_action(self, row: int, rng: Any,
+                      replay: tuple[int, Sequence[str], str] | None) -> tuple[str, Any]:
+        if replay is not None:
+            self.instances.pop(row, None)
+            self._replay(row, *replay)
         self.mark()
         return str(self.instances[row].random_action(rng)), rng.bit_generator.state
 
@@ -266,6 +270,12 @@ class Job:
     kind: str
     row: int
     args: tuple
+    # The row's instance history (seed, actions, last text) and the worker generation that
+    # holds its instance: sent along when the row's worker is another one by the time the
+    # job is sent (a kill earlier in the same batch counts), so the worker can rebuild it.
+    replay: tuple | None = None
+    generation: int = -1
+    ran_on: int = -1  # the generation of the worker that ran the job
     done: bool = False
     value: Any = None
     error: str = ""
@@ -289,8 +299,8 @@ class ProcessPool:
     """Worker processes running env calls (see the module docstring).
 
     ``run(jobs)`` runs a batch of calls, each on its row's home worker, at most one per worker
-    at a time, and returns when every call has a reply or an error. ``generation(row)`` tells
-    whether a row's home worker was replaced since a given moment (its instance is gone).
+    at a time, and returns when every call has a reply or an error. A job that carries a
+    ``replay`` sends it when its row's worker was replaced since ``job.generation``.
     """
 
     def __init__(self, factory: Callable[[], HostEnv], size: int, timeout: float, *,
@@ -303,11 +313,6 @@ class ProcessPool:
 
     def home(self, row: int) -> _Slot:
         return self.slots[row % len(self.slots)]
-
-    def generation(self, row: int) -> int:
-        """The row's home worker's generation (a new one has none of the old one's instances)."""
-        slot = self.home(row)
-        return slot.generation if slot.process is not None else -1
 
     def live_processes(self) -> int:
         return sum(s.process is not None and s.process.is_alive() for s in self.slots)
@@ -343,8 +348,12 @@ class ProcessPool:
         if slot.process is None:
             self._start(slot)
         slot.job, slot.deadline, slot.marked = job, time.monotonic() + START_TIMEOUT, False
+        job.ran_on = slot.generation
+        args = job.args
+        if job.kind in ("step", "random_action"):
+            args += (job.replay if job.generation != slot.generation else None,)
         try:
-            slot.conn.send((job.kind, job.row, job.args))
+            slot.conn.send((job.kind, job.row, args))
         except (OSError, ValueError) as e:  # the worker died between two jobs
             self._fail(slot, f"its worker process was gone ({describe(e)})")
 

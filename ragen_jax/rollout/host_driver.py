@@ -223,7 +223,7 @@ class WorkerEnv:
     def random_action(self, rng: np.random.Generator) -> str:
         """The instance's ``random_action(rng)``, run in its worker; ``rng`` advances as if it
         had run here."""
-        job = self.calls.pool.run([Job("random_action", self.row, (rng,))])[0]
+        job = self.calls.pool.run([self.calls.job("random_action", self.row, (rng,))])[0]
         if job.error:
             raise RuntimeError(f"random_action in the env's worker process: {job.error}")
         action, rng.bit_generator.state = job.value
@@ -258,19 +258,13 @@ class _ProcessCalls:
                 out.append((None, job.error))
                 continue
             text, names, key = job.value
-            self.history[b] = _History(seed, [], text, self.pool.generation(b))
+            self.history[b] = _History(seed, [], text, job.ran_on)
             out.append(((WorkerEnv(self, b), text, names, key), ""))
         return out
 
     def step(self, rows: Sequence[int], actions: Sequence[Sequence[str]]
              ) -> list[tuple[TurnProgress, tuple[str, ...], str]]:
-        jobs = []
-        for b, texts in zip(rows, actions, strict=True):
-            h = self.history.get(b)
-            replay = None
-            if h is not None and h.generation != self.pool.generation(b):
-                replay = (h.seed, list(h.actions), h.text)
-            jobs.append(Job("step", b, (list(texts), replay)))
+        jobs = [self.job("step", b, (list(texts),)) for b, texts in zip(rows, actions, strict=True)]
         out = []
         for b, texts, job in zip(rows, actions, self.pool.run(jobs), strict=True):
             progress = job.progress or TurnProgress()
@@ -278,12 +272,19 @@ class _ProcessCalls:
             if not job.error and h is not None:
                 h.actions.extend(texts[:progress.executed])
                 h.text = progress.text if progress.executed else h.text
-                h.generation = self.pool.generation(b)
+                h.generation = job.ran_on
                 self.history[b] = h
             elif not job.error:
                 job.error = "no env instance for this row (its reset failed)"
             out.append((progress, job.value or (), job.error))
         return out
+
+    def job(self, kind: str, row: int, args: tuple) -> Job:
+        """A call on ``row``'s instance, with what rebuilds it should its worker be new."""
+        h = self.history.get(row)
+        if h is None:
+            return Job(kind, row, args)
+        return Job(kind, row, args, replay=(h.seed, list(h.actions), h.text), generation=h.generation)
 
     def close(self) -> None:
         """Ends the worker processes."""
