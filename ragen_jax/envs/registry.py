@@ -25,6 +25,7 @@ from ragen_jax.envs.base import TextEnv
 from ragen_jax.envs.countdown import Countdown
 from ragen_jax.envs.frozenlake import FrozenLake
 from ragen_jax.envs.host import HostEnv, HostEnvFamily
+from ragen_jax.envs.remote import RemoteEnv
 from ragen_jax.envs.sokoban import Sokoban
 from ragen_jax.envs.sudoku import Sudoku
 
@@ -34,6 +35,7 @@ REGISTRY: dict[str, type[TextEnv] | Callable[..., HostEnv]] = {
     "bandit": Bandit,
     "countdown": Countdown,
     "sudoku": Sudoku,
+    "remote": RemoteEnv,  # an env served by ``python -m ragen_jax.envs.serve``
 }
 
 HOST_OPTIONS = ("parallel_friendly", "max_workers", "step_timeout", "isolation", "memory_limit_mb")

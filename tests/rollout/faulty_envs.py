@@ -72,3 +72,12 @@ class HangsOnEvenSeeds(Countdown):
         if self.hang:
             threading.Event().wait()
         return super().step(action)
+
+
+class Slow(Faulty):
+    """``slow`` takes 3 s to answer."""
+
+    def step(self, action):
+        if action == "slow":
+            time.sleep(3.0)
+        return super().step(action)
