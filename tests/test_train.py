@@ -728,3 +728,25 @@ def test_windowed_sokoban_preset_trains_turn_rows_and_diagnoses_first_turns(tmp_
     assert not any(k.startswith("collapse_trajectory_sample/") for k in m)
     assert m["train/batch_size"] > m["rollout/num_trajectories"] == 8  # a row per answered turn
     assert "val-env/Sokoban/success" in metrics[2]
+
+
+@pytest.mark.timeout(600)
+def test_a_run_with_a_hanging_env_in_its_mix_finishes(tmp_path):
+    """Countdown whose every reset hangs forever, mixed with Sokoban: two steps finish, the
+    hung episodes are env errors (their workers killed), and the update trains on the rest."""
+    from ragen_jax.envs import register
+    from tests.rollout.faulty_envs import HangingCountdown
+
+    register("hanging_countdown", HangingCountdown)
+    summary = _run(micro_config(tmp_path, steps=2, env="mixed_countdown", extra=(
+        "--config.env.mix.SimpleSokoban.groups=1", "--config.env.mix.Countdown.groups=1",
+        "--config.env.mix.Countdown.name=hanging_countdown",
+        "--config.env.mix.Countdown.params.step_timeout=1.0",
+        "--config.rollout.max_turn=2", "--config.trainer.val_before_train=False",
+        "--config.warmstart.steps=0")))
+    assert summary["step"] == 2
+    metrics = read_jsonl(tmp_path / "metrics.jsonl")
+    for s in (1, 2):
+        assert metrics[s]["rollout/env_errors"] == 4  # the Countdown group's four episodes
+        assert metrics[s]["train/batch_size"] == 4  # Sokoban's group only
+        assert np.isfinite(metrics[s]["actor/pg_loss"])
