@@ -119,7 +119,6 @@ class HostEnvFamily:
         if self.isolation == "process":
             from ragen_jax.envs import processes  # it imports this module
 
-            processes.check_picklable(factory, getattr(factory, "__name__", repr(factory)))
             self.info = processes.describe_env(
                 factory, DESCRIBE_TIMEOUT if step_timeout is None else float(step_timeout),
                 memory_limit_mb=self.memory_limit_mb)

@@ -25,8 +25,8 @@ if the parent dies without any of those (``SIGKILL``), by the kernel: every work
 ``SIGKILL`` when its parent, the fork server, exits, which it does when the trainer's process
 goes (Linux's ``PR_SET_PDEATHSIG``).
 
-The factory is pickled to the workers, so it must be importable by name: a module-level
-``HostEnv`` class or function, or a ``functools.partial`` of one.
+The factory is pickled to the workers with cloudpickle (``pickle_factory``), so a lambda or a
+closure works as well as a class; whatever it refers to by module must be importable there.
 """
 
 from __future__ import annotations
@@ -37,9 +37,11 @@ import ctypes
 import dataclasses
 import math
 import multiprocessing
+import os
 import pickle
 import resource
 import signal
+import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -59,15 +61,18 @@ def describe(e: BaseException) -> str:
     return text[:MAX_ERROR_CHARS]
 
 
-def check_picklable(factory: Callable[[], HostEnv], name: str) -> None:
-    """A one-line ``ValueError`` when ``factory`` cannot be sent to a worker process."""
+def pickle_factory(factory: Callable[[], HostEnv], name: str) -> bytes:
+    """``factory`` as bytes for the workers (cloudpickle: a lambda or a closure travels by
+    value, what it names from a module by reference, so that module must be importable in the
+    worker); a one-line ``ValueError`` when it cannot be pickled."""
+    import cloudpickle
+
     try:
-        pickle.dumps(factory)
+        return cloudpickle.dumps(factory)
     except Exception as e:  # noqa: BLE001 - pickling raises PicklingError, AttributeError, TypeError
         raise ValueError(
             f"env {name}: isolation='process' sends the env's factory to worker processes, and it "
-            f"cannot be pickled ({describe(e)}); register a module-level HostEnv class or "
-            f"function, or set env.params.isolation='thread'") from None
+            f"cannot be pickled ({describe(e)}); set env.params.isolation='thread'") from None
 
 
 # -- the worker side ---------------------------------------------------------------------------
@@ -100,9 +105,17 @@ def _limit_memory(megabytes: float) -> None:
 class _Worker:
     """The worker process's state: its instances by row, and the messages it sends."""
 
-    def __init__(self, conn: Connection, factory: Callable[[], HostEnv]):
-        self.conn, self.factory = conn, factory
+    def __init__(self, conn: Connection, factory: bytes):
+        self.conn, self._factory = conn, factory
         self.instances: dict[int, HostEnv] = {}
+
+    @property
+    def factory(self) -> Callable[[], HostEnv]:
+        """The unpickled factory (here, so that a module missing in the worker is the call's
+        error, not a silent exit)."""
+        if isinstance(self._factory, bytes):
+            self._factory = pickle.loads(self._factory)
+        return self._factory
 
     def mark(self) -> None:
         """An env call starts now (the parent restarts its clock)."""
@@ -187,7 +200,7 @@ class _Worker:
                 reply = ("ok", handlers[kind](row, *args))
             except BaseException as e:  # noqa: BLE001 - an env may raise anything, even SystemExit
                 self.instances.pop(row, None)
-                reply = ("err", describe(e))
+                reply = ("err", describe(e), _config_error(e))
             try:
                 self.conn.send(reply)
             except (pickle.PicklingError, TypeError, AttributeError) as e:
@@ -195,8 +208,16 @@ class _Worker:
                 self.conn.send(("err", f"its result cannot be sent back: {describe(e)}"))
 
 
-def _worker_main(conn: Connection, factory: Callable[[], HostEnv],
-                 memory_limit_mb: float | None) -> None:
+def _config_error(e: BaseException) -> tuple[str, str] | None:
+    """``(builtin type name, message)`` of a ``ValueError`` or ``TypeError`` (what a
+    constructor raises for bad parameters: ``describe_env`` raises it again as such)."""
+    for kind in (ValueError, TypeError):
+        if isinstance(e, kind):
+            return kind.__name__, str(e)[:MAX_ERROR_CHARS]
+    return None
+
+
+def _worker_main(conn: Connection, factory: bytes, memory_limit_mb: float | None) -> None:
     """A worker process's entry point."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
@@ -279,6 +300,7 @@ class Job:
     done: bool = False
     value: Any = None
     error: str = ""
+    raised: tuple[str, str] | None = None  # a ValueError or TypeError the env raised: type, message
     progress: TurnProgress | None = None  # a step's results so far
 
 
@@ -305,7 +327,8 @@ class ProcessPool:
 
     def __init__(self, factory: Callable[[], HostEnv], size: int, timeout: float, *,
                  memory_limit_mb: float | None = None):
-        self.factory, self.timeout, self.memory_limit_mb = factory, float(timeout), memory_limit_mb
+        self.timeout, self.memory_limit_mb = float(timeout), memory_limit_mb
+        self.factory = pickle_factory(factory, getattr(factory, "__name__", repr(factory)))
         self.ctx = _context()
         self.slots = [_Slot() for _ in range(max(1, int(size)))]
         self.restarts = 0  # workers replaced after a timeout or a crash
@@ -322,27 +345,39 @@ class ProcessPool:
 
     def run(self, jobs: Sequence[Job]) -> list[Job]:
         """Runs every job on its row's home worker; each ends with ``value`` or ``error``."""
+        self.submit(jobs)
+        while not all(job.done for job in jobs):
+            self.pump()
+        return list(jobs)
+
+    def submit(self, jobs: Sequence[Job]) -> None:
+        """Queues ``jobs`` on their rows' home workers (``pump`` runs them)."""
         for job in jobs:
             self.home(job.row).queue.append(job)
-        while True:
-            for slot in self.slots:
-                if slot.job is None and slot.queue:
-                    self._send(slot, slot.queue.popleft())
-            busy = [s for s in self.slots if s.job is not None]
-            if not busy:
-                return list(jobs)
-            now = time.monotonic()
-            ready = wait([s.conn for s in busy] + [s.process.sentinel for s in busy],
-                         timeout=max(0.0, min(s.deadline for s in busy) - now))
-            for slot in busy:
-                if slot.conn in ready or slot.process.sentinel in ready:
-                    self._receive(slot)
-            now = time.monotonic()
-            for slot in busy:
-                if slot.job is not None and now > slot.deadline:
-                    self._fail(slot, f"timed out: an env call took over {self.timeout:g} s "
-                                     f"(its worker process was killed)" if slot.marked else
-                               f"timed out: its worker process took no call in {START_TIMEOUT:g} s")
+
+    def pump(self, wake: Sequence[Any] = ()) -> None:
+        """One round: sends queued jobs to idle workers, waits for a message, a worker's exit,
+        the earliest deadline or one of ``wake`` (file descriptors or connections; with no job
+        running, only for those), then reads what came and ends the jobs past their
+        deadline."""
+        for slot in self.slots:
+            while slot.job is None and slot.queue:  # a send that fails ends its job at once
+                self._send(slot, slot.queue.popleft())
+        busy = [s for s in self.slots if s.job is not None]
+        if not busy and not wake:
+            return
+        timeout = max(0.0, min(s.deadline for s in busy) - time.monotonic()) if busy else None
+        ready = wait([s.conn for s in busy] + [s.process.sentinel for s in busy] + list(wake),
+                     timeout=timeout)
+        for slot in busy:
+            if slot.conn in ready or slot.process.sentinel in ready:
+                self._receive(slot)
+        now = time.monotonic()
+        for slot in busy:
+            if slot.job is not None and now > slot.deadline:
+                self._fail(slot, f"timed out: an env call took over {self.timeout:g} s "
+                                 f"(its worker process was killed)" if slot.marked else
+                           f"timed out: its worker process took no call in {START_TIMEOUT:g} s")
 
     def _send(self, slot: _Slot, job: Job) -> None:
         if slot.process is None:
@@ -378,6 +413,7 @@ class ProcessPool:
                 else:
                     job.done = True
                     job.value, job.error = (message[1], "") if message[0] == "ok" else (None, message[1])
+                    job.raised = message[2] if message[0] == "err" else None
                     slot.job = None
                     return
         except (EOFError, OSError):
@@ -399,6 +435,115 @@ class ProcessPool:
     def close(self) -> None:
         """Ends every worker (idempotent)."""
         self._finalizer()
+
+
+@dataclasses.dataclass
+class History:
+    """What rebuilds a row's instance on a fresh worker: its reset's seed, the actions played
+    since, the last observation, and the worker generation that holds the instance."""
+
+    seed: int
+    actions: list[str]
+    text: str
+    generation: int
+
+
+class Histories:
+    """The live rows' histories, kept from each call's outcome, and the jobs that carry them.
+
+    A row has a history from a successful reset until a call on it fails (the worker drops a
+    failed instance) or it is dropped; a job on a row without one carries no replay."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, History] = {}
+
+    def job(self, kind: str, row: int, args: tuple) -> Job:
+        """A call on ``row``'s instance, with what rebuilds it should its worker be new."""
+        h = self.rows.get(row)
+        if h is None:
+            return Job(kind, row, args)
+        return Job(kind, row, args, replay=(h.seed, list(h.actions), h.text), generation=h.generation)
+
+    def reset_done(self, job: Job) -> None:
+        """Records a finished ``reset`` job (its row starts afresh, or has no instance)."""
+        self.rows.pop(job.row, None)
+        if not job.error:
+            self.rows[job.row] = History(job.args[0], [], job.value[0], job.ran_on)
+
+    def step_done(self, job: Job) -> None:
+        """Records a finished ``step`` job: the actions it executed extend the history; an
+        error (or a step on a row without an instance) ends it."""
+        h = self.rows.pop(job.row, None)
+        if h is None:  # the worker had no instance either (a KeyError): say why
+            job.error = "no env instance for this row (its reset or its last call failed)"
+            return
+        if job.error:
+            return
+        progress = job.progress or TurnProgress()
+        h.actions.extend(job.args[0][:progress.executed])
+        h.text = progress.text if progress.executed else h.text
+        h.generation = job.ran_on
+        self.rows[job.row] = h
+
+    def call_done(self, job: Job) -> None:
+        """Records another finished job on a row (``random_action``): its instance is on the
+        job's worker now, or (an error) gone."""
+        h = self.rows.get(job.row)
+        if h is not None and job.error:
+            del self.rows[job.row]
+        elif h is not None:
+            h.generation = job.ran_on
+
+
+class PoolService:
+    """A ``ProcessPool`` driven by its own thread, for callers on other threads (the env
+    server): ``submit(job, done)`` queues a job and returns at once; ``done(job)`` is called on
+    the service's thread when the job has its reply or error. Jobs of different rows run at
+    the same time on different workers, so one caller's hang does not wait on another's."""
+
+    def __init__(self, pool: ProcessPool):
+        self.pool = pool
+        self._incoming: collections.deque = collections.deque()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="ragen_jax-env-pool", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Job, done: Callable[[Job], None]) -> None:
+        if self._closed:
+            raise RuntimeError("the env pool is closed")
+        self._incoming.append((job, done))  # deque.append is atomic
+        os.write(self._wake_w, b"\0")
+
+    def _loop(self) -> None:
+        pending: list[tuple[Job, Callable[[Job], None]]] = []
+        while not self._closed:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._wake_r, 4096)
+            while self._incoming:
+                job, done = self._incoming.popleft()
+                self.pool.submit([job])
+                pending.append((job, done))
+            self.pool.pump(wake=[self._wake_r])
+            still = []
+            for job, done in pending:
+                if not job.done:
+                    still.append((job, done))
+                    continue
+                with contextlib.suppress(Exception):  # a caller's callback must not stop the pool
+                    done(job)
+            pending = still
+
+    def close(self) -> None:
+        """Stops the thread and ends the workers (idempotent; jobs still running get no reply)."""
+        if not self._closed:
+            self._closed = True
+            os.write(self._wake_w, b"\0")
+            self._thread.join(timeout=10.0)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+        self.pool.close()
 
 
 def _exit_reason(code: int | None) -> str:
@@ -431,12 +576,16 @@ def describe_env(factory: Callable[[], HostEnv], timeout: float, *,
                  memory_limit_mb: float | None = None) -> dict[str, Any]:
     """The prototype's options (``name``, ``instruction``, ``action_names``,
     ``parallel_friendly``, ``max_workers``, ``step_timeout``), built in a worker process under
-    ``timeout``: a constructor that hangs or crashes is a one-line ``RuntimeError``."""
+    ``timeout``: a constructor that hangs or crashes is a one-line ``RuntimeError``, one that
+    raises a ``ValueError`` or ``TypeError`` (bad parameters) raises it here with its message."""
     pool = ProcessPool(factory, 1, timeout, memory_limit_mb=memory_limit_mb)
     try:
         job = pool.run([Job("info", 0, ())])[0]
     finally:
         pool.close()
+    if job.raised is not None:  # the constructor refused its parameters: the same error here
+        kind, message = job.raised
+        raise {"ValueError": ValueError, "TypeError": TypeError}[kind](message)
     if job.error:
         raise RuntimeError(f"building the env in a worker process failed: {job.error}")
     return job.value

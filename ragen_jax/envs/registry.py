@@ -77,5 +77,4 @@ def _make_host(name: str, factory: Callable[..., HostEnv], params: dict[str, Any
     if unknown and not takes_any:
         allowed = ", ".join(sorted(set(signature.parameters) | set(HOST_OPTIONS)))
         raise ValueError(f"env {name!r}: unknown parameter(s) {sorted(unknown)}; allowed: {allowed}")
-    # A partial, not a lambda: under isolation="process" the factory is pickled to workers.
     return HostEnvFamily(functools.partial(factory, **kwargs) if kwargs else factory, **options)

@@ -111,8 +111,11 @@ class RemoteEnv(HostEnv):
         return str(data["observation"]), float(data["reward"]), bool(data["done"]), dict(data["info"])
 
     def random_action(self, rng: np.random.Generator) -> str:
+        """The served instance's ``random_action`` with ``rng`` (its state goes to the server
+        and comes back advanced, as if the draw had run here)."""
         data = self._call("POST", f"/sessions/{self.session}/random_action",
-                          {"seed": int(rng.integers(2**31))}, idempotent=True)
+                          {"rng_state": rng.bit_generator.state}, idempotent=True)
+        rng.bit_generator.state = data["rng_state"]
         return str(data["action"])
 
     def close(self) -> None:

@@ -47,6 +47,7 @@ import numpy as np
 from ragen_jax.envs import levels
 from ragen_jax.envs.host import HostEnv, HostEnvFamily, HostState
 from ragen_jax.envs.processes import (
+    Histories,
     Job,
     ProcessPool,
     TurnProgress,
@@ -223,22 +224,11 @@ class WorkerEnv:
     def random_action(self, rng: np.random.Generator) -> str:
         """The instance's ``random_action(rng)``, run in its worker; ``rng`` advances as if it
         had run here."""
-        job = self.calls.pool.run([self.calls.job("random_action", self.row, (rng,))])[0]
-        if job.error:
-            raise RuntimeError(f"random_action in the env's worker process: {job.error}")
-        action, rng.bit_generator.state = job.value
+        value, error = self.calls.random_action(self.row, rng)
+        if error:
+            raise RuntimeError(f"random_action in the env's worker process: {error}")
+        action, rng.bit_generator.state = value
         return action
-
-
-@dataclasses.dataclass
-class _History:
-    """What rebuilds a row's instance on a fresh worker: its reset's seed and the actions
-    played since, the last observation, and the worker generation that holds the instance."""
-
-    seed: int
-    actions: list[str]
-    text: str
-    generation: int
 
 
 class _ProcessCalls:
@@ -247,44 +237,34 @@ class _ProcessCalls:
     def __init__(self, family: HostEnvFamily):
         self.pool = ProcessPool(family.factory, family.workers, family.step_timeout,
                                 memory_limit_mb=family.memory_limit_mb)
-        self.history: dict[int, _History] = {}
+        self.histories = Histories()
 
     def reset(self, rows: Sequence[int], seeds: Sequence[int]) -> list[tuple[Any, str]]:
         jobs = self.pool.run([Job("reset", b, (s,)) for b, s in zip(rows, seeds, strict=True)])
         out = []
-        for b, seed, job in zip(rows, seeds, jobs, strict=True):
-            self.history.pop(b, None)
+        for b, job in zip(rows, jobs, strict=True):
+            self.histories.reset_done(job)
             if job.error:
                 out.append((None, job.error))
                 continue
             text, names, key = job.value
-            self.history[b] = _History(seed, [], text, job.ran_on)
             out.append(((WorkerEnv(self, b), text, names, key), ""))
         return out
 
     def step(self, rows: Sequence[int], actions: Sequence[Sequence[str]]
              ) -> list[tuple[TurnProgress, tuple[str, ...], str]]:
-        jobs = [self.job("step", b, (list(texts),)) for b, texts in zip(rows, actions, strict=True)]
+        jobs = [self.histories.job("step", b, (list(texts),))
+                for b, texts in zip(rows, actions, strict=True)]
         out = []
-        for b, texts, job in zip(rows, actions, self.pool.run(jobs), strict=True):
-            progress = job.progress or TurnProgress()
-            h = self.history.pop(b, None)
-            if not job.error and h is not None:
-                h.actions.extend(texts[:progress.executed])
-                h.text = progress.text if progress.executed else h.text
-                h.generation = job.ran_on
-                self.history[b] = h
-            elif not job.error:
-                job.error = "no env instance for this row (its reset failed)"
-            out.append((progress, job.value or (), job.error))
+        for job in self.pool.run(jobs):
+            self.histories.step_done(job)
+            out.append((job.progress or TurnProgress(), job.value or (), job.error))
         return out
 
-    def job(self, kind: str, row: int, args: tuple) -> Job:
-        """A call on ``row``'s instance, with what rebuilds it should its worker be new."""
-        h = self.history.get(row)
-        if h is None:
-            return Job(kind, row, args)
-        return Job(kind, row, args, replay=(h.seed, list(h.actions), h.text), generation=h.generation)
+    def random_action(self, row: int, rng: np.random.Generator) -> tuple[Any, str]:
+        job = self.pool.run([self.histories.job("random_action", row, (rng,))])[0]
+        self.histories.call_done(job)
+        return job.value, job.error
 
     def close(self) -> None:
         """Ends the worker processes."""

@@ -103,8 +103,9 @@ def test_a_prototype_that_hangs_or_crashes_is_a_one_line_error(tmp_path):
     with pytest.raises(RuntimeError, match=r"^building the env in a worker process failed: timed out"):
         HostEnvFamily(functools.partial(SlowBuild, str(flag)), step_timeout=0.5)
     assert time.perf_counter() - t0 < 5
+    lock = threading.Lock()  # a closure over a lock cannot travel to a worker
     with pytest.raises(ValueError, match=r"^env .*cannot be pickled.*isolation='thread'"):
-        HostEnvFamily(lambda: Faulty())
+        HostEnvFamily(lambda: (lock, Faulty())[1])
 
 
 def test_parallel_friendly_envs_run_in_parallel_processes(tok):
