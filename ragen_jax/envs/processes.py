@@ -1,8 +1,8 @@
 """Host env instances in worker processes: a hang or a crash costs one call, never the run.
 
 A ``ProcessPool`` owns ``size`` worker processes (``forkserver``: each is forked from a small
-server process that has this module, and with it numpy and JAX's Python side, already imported,
-so a fresh worker is ready in milliseconds and never inherits the trainer's threads or
+server process that has this module, and with it numpy, already imported and nothing else, so a
+fresh worker is ready in milliseconds and never inherits the trainer's threads, JAX or
 accelerator state). A worker holds the env instances of the rows homed on it (row ``b`` lives
 on worker ``b % size``) and runs one call at a time: build an instance, ``reset``, the actions
 of a turn, ``random_action``. Before each env call it tells the parent, which restarts that
@@ -129,7 +129,9 @@ class _Worker:
         return env
 
     def reset(self, row: int, seed: int) -> tuple[str, tuple[str, ...], str]:
-        env = self.instances.pop(row, None) or self.build()
+        env = self.instances.pop(row, None)
+        if env is None:
+            env = self.build()
         self.mark()
         text = env.reset(seed)
         if not isinstance(text, str):
@@ -380,6 +382,11 @@ class ProcessPool:
                            f"timed out: its worker process took no call in {START_TIMEOUT:g} s")
 
     def _send(self, slot: _Slot, job: Job) -> None:
+        if slot.process is not None and not slot.process.is_alive():
+            # It died while idle (the OOM killer, or an env's own thread): the job has not run
+            # and its row can be replayed, so a fresh worker runs it instead of it failing.
+            _end(slot)
+            self.restarts += 1
         if slot.process is None:
             self._start(slot)
         slot.job, slot.deadline, slot.marked = job, time.monotonic() + START_TIMEOUT, False
@@ -452,7 +459,9 @@ class Histories:
     """The live rows' histories, kept from each call's outcome, and the jobs that carry them.
 
     A row has a history from a successful reset until a call on it fails (the worker drops a
-    failed instance) or it is dropped; a job on a row without one carries no replay."""
+    failed instance) or it is dropped; a job on a row without one carries no replay. A replay
+    repeats the reset and the steps, not ``random_action`` calls: those must leave the episode
+    as it was (the host-env contract's "a random well-formed action in the current state")."""
 
     def __init__(self) -> None:
         self.rows: dict[int, History] = {}
@@ -506,6 +515,7 @@ class PoolService:
         self._incoming: collections.deque = collections.deque()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)  # a full pipe wakes the loop already
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="ragen_jax-env-pool", daemon=True)
         self._thread.start()
@@ -514,7 +524,8 @@ class PoolService:
         if self._closed:
             raise RuntimeError("the env pool is closed")
         self._incoming.append((job, done))  # deque.append is atomic
-        os.write(self._wake_w, b"\0")
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_w, b"\0")
 
     def _loop(self) -> None:
         pending: list[tuple[Job, Callable[[Job], None]]] = []
@@ -539,7 +550,8 @@ class PoolService:
         """Stops the thread and ends the workers (idempotent; jobs still running get no reply)."""
         if not self._closed:
             self._closed = True
-            os.write(self._wake_w, b"\0")
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._wake_w, b"\0")
             self._thread.join(timeout=10.0)
             os.close(self._wake_r)
             os.close(self._wake_w)

@@ -46,7 +46,10 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import itertools
 import json
+import os
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -102,9 +105,8 @@ def served_jax_env(name: str, params: dict[str, Any]) -> JaxAsHost:
     """One instance of the registered JAX env ``name``, built in a worker process (module
     level so it pickles), with JAX on the CPU: a worker plays one unbatched episode at a time,
     and an accelerator's memory is the trainer's."""
-    import jax
-
-    jax.config.update("jax_platforms", "cpu")
+    if "jax" not in sys.modules:  # the worker's first instance: JAX is imported by make below
+        os.environ["JAX_PLATFORMS"] = "cpu"
     from ragen_jax.envs.registry import make
 
     env, env_params = make(name, **params)
@@ -153,7 +155,7 @@ def make_app(family: HostEnvFamily, *, workers: int | None = None, max_sessions:
     info["action_names"] = list(family.info.get("action_names", ()))
     sessions: dict[str, _Session] = {}
     histories = Histories()  # touched on the event loop's thread only
-    rows = iter(range(2**62))
+    rows = itertools.count()
 
     def error(status: int, text: str) -> JSONResponse:
         return JSONResponse({"error": text}, status_code=status)

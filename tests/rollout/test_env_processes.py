@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from ragen_jax.envs.host import HostEnvFamily
+from ragen_jax.envs.processes import Histories, Job, ProcessPool
 from ragen_jax.rollout import ScriptedPolicy
 from ragen_jax.rollout.agent import AgentRollout, RolloutConfig
 from ragen_jax.rollout.scripted import answer_text
@@ -154,3 +155,40 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_fifty_kills_and_restarts_leave_fds_threads_and_processes_bounded():
+    """Fifty workers killed (alternately past the timeout and by a segfault) and replaced:
+    this process's open file descriptors, threads and live child processes end where they
+    were after the first cycle, no child is left a zombie, and a row on the killed workers
+    plays on throughout, rebuilt by a replay of its whole episode each time."""
+    pool = ProcessPool(Faulty, 1, 0.2)
+    rows = Histories()
+    killed = []
+
+    def cycle(i: int) -> None:
+        job = pool.run([rows.job("step", 0, (["go"],))])[0]
+        killed.extend(pool.pids())
+        rows.step_done(job)
+        assert not job.error and job.progress.text == f"seed 1 move {i + 1} go", job.error
+        fault = pool.run([Job("reset", 1, (2,)), Job("step", 1, (["sleep" if i % 2 else "segv"],))])
+        assert fault[1].error.startswith("timed out" if i % 2 else "its worker process died")
+
+    try:
+        reset = pool.run([Job("reset", 0, (1,))])[0]
+        rows.reset_done(reset)
+        cycle(0)  # starts the fork server and the resource tracker, if not yet running
+        fds, threads, children = _fds(), threading.active_count(), _workers()
+        t0 = time.perf_counter()
+        for i in range(1, 50):
+            cycle(i)
+        assert time.perf_counter() - t0 < 30
+        assert pool.restarts == 50
+        assert _fds() <= fds and threading.active_count() <= threads and _workers() <= children
+        assert len(set(killed)) == 50 and not any(psutil.pid_exists(p) for p in killed)  # reaped
+    finally:
+        pool.close()
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
