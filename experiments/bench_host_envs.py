@@ -1,6 +1,6 @@
 """Host-env throughput: Countdown and Sudoku episodes per second in-process (threads), in the
-worker-process pool, and over HTTP (one ``ragen_jax.envs.serve`` server, many concurrent
-sessions), with the cost per env call.
+worker-process pool, and over HTTP (one ``ragen_jax.envs.serve`` server with ``--workers``
+worker processes holding the instances, many concurrent sessions), with the cost per env call.
 
 ``python experiments/bench_host_envs.py [--episodes 512]``. Each episode is a reset and one
 scripted step (Countdown: one answer; Sudoku: one move), played by ``HostEnvDriver`` in batches
@@ -41,11 +41,13 @@ def play(family, episodes: int, batch: int) -> float:
     return rate
 
 
-def serve(env: str) -> tuple[subprocess.Popen, str]:
+def serve(env: str, workers: int) -> tuple[subprocess.Popen, str]:
+    """A server of ``env`` whose instances live in ``workers`` worker processes."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "ragen_jax.envs.serve", env, "--port", str(port)])
+    server = subprocess.Popen([sys.executable, "-m", "ragen_jax.envs.serve", env, "--port", str(port),
+                               "--workers", str(workers)])
     import httpx
 
     for _ in range(300):
@@ -65,7 +67,7 @@ def main() -> None:
     args = parser.parse_args()
     print("| env | mode | episodes/s | ms per episode |\n|---|---|---:|---:|")
     for env in ("countdown", "sudoku"):
-        server, url = serve(env)
+        server, url = serve(env, args.workers)
         modes = {
             "in-process (thread, 1 worker)": dict(name=env, isolation="thread"),
             "process pool (1 worker)": dict(name=env),
