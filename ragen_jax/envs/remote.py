@@ -7,8 +7,11 @@ connection that fails, or a reply slower than ``timeout`` raises, and the rollou
 episode as an env error. Idempotent calls (creating a session, ``reset``, ``random_action``,
 closing) are retried up to ``retries`` times after a connection error or a 5xx reply other
 than an env error, with a short back-off; ``step`` is never retried (the server may have
-stepped). A reset whose session the server no longer knows (it restarted) opens a new one, so
-a server that died mid-episode costs that episode and the next reset plays on.
+stepped). A reset whose session the server no longer knows (it restarted, or closed the
+session after ``--session-ttl`` idle seconds) opens a new one, so a server that died
+mid-episode costs that episode and the next reset plays on. The server runs its envs in worker
+processes under its own ``step_timeout``; give ``timeout`` more than that, so that a call
+queued behind another session's hang is not taken for a dead server.
 """
 
 from __future__ import annotations
