@@ -648,8 +648,8 @@ def test_mixed_run_trains_both_envs_in_one_batch(tmp_path, monkeypatch):
     seen = []
     real = train.normalize_batch
 
-    def spy(batch, scores, tag_ids, rows, grouping, method):
-        out = real(batch, scores, tag_ids, rows, grouping, method)
+    def spy(batch, scores, tag_ids, rows, grouping, method, **kw):  # kw: valid (env errors)
+        out = real(batch, scores, tag_ids, rows, grouping, method, **kw)
         seen.append((np.asarray(tag_ids).copy(), np.asarray(batch.scores), out.scores))
         return out
 
