@@ -161,6 +161,11 @@ class Trainer:
             dist.allgather(batch.attention_mask.sum(1)).reshape(-1), self.run.actor.pad_multiple)
 
         scores = dist.allgather(batch.scores).reshape(groups, -1)  # every process's groups
+        # Episodes an env error ended (a hang, a crash) say nothing about the policy: they
+        # leave the filter's statistics, the normalisation and the update (None: none failed,
+        # the exact arithmetic of a run without errors).
+        valid = dist.allgather(~batch.env_failed).reshape(groups, -1)
+        valid = None if valid.all() else valid
         entropies = None
         if self.run.filter.metric in ENTROPY_METRICS:  # one forward pass of the policy
             with _timed(timings, "filter_entropy"):
@@ -171,13 +176,13 @@ class Trainer:
                 entropies = entropies.reshape(groups, -1)
         keep, weights, filter_metrics = filter_groups(
             scores, self.run.filter, dist.allgather(batch.loss_mask.sum(1)).reshape(groups, -1),
-            entropies)
+            entropies, valid)
         metrics |= {k: float(v) for k, v in filter_metrics.items()}
         # The filter saw the raw scores; the estimators see the normalised ones (RAGEN), the
         # inductive grouping by each row's env (its slot index).
         rows_here = slice(part.start * scores.shape[1], part.stop * scores.shape[1])
         batch = normalize_batch(batch, scores, dist.allgather(batch.tag_ids).reshape(-1),
-                                rows_here, *self.plan.reward_norm)
+                                rows_here, *self.plan.reward_norm, valid=valid)
         analyse = diagnose and self.run.diagnostics.gradient_analysis
         buckets, bucket_std = np.zeros(groups, np.int32), None
         if analyse:
@@ -190,7 +195,8 @@ class Trainer:
             rng=np.random.default_rng([self.run.seed, self.step, jax.process_index()]),
             share_prefixes=self.run.actor.share_prefix,
             sample_unit=self.run.algorithm.sample_unit,
-            micro_batches=self.run.actor.micro_batches, long_rows_apart=self.long_rows_apart)
+            micro_batches=self.run.actor.micro_batches, long_rows_apart=self.long_rows_apart,
+            valid=None if valid is None else valid[part].reshape(-1))
         if rows is None:
             return metrics | {"train/update_skipped_empty": 1.0} | timings
 
@@ -520,7 +526,13 @@ def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
 
 
 def _val_line(step: int, vm: dict[str, float]) -> str:
-    parts = [f"{k.split('/')[1]} success {v:.3f}" for k, v in vm.items() if k.endswith("/success")]
+    parts = []
+    for k, v in vm.items():
+        if k.endswith("/success"):
+            errors = vm.get(k.replace("/success", "/env_error_rate"), 0.0)
+            played = vm.get(k.replace("/success", "/success_of_played"), v)
+            parts.append(f"{k.split('/')[1]} success {v:.3f}" + (
+                f" ({errors:.1%} env errors; {played:.3f} of the rest)" if errors else ""))
     return f"validation at step {step}: " + ", ".join(parts)
 
 

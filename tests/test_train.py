@@ -648,8 +648,8 @@ def test_mixed_run_trains_both_envs_in_one_batch(tmp_path, monkeypatch):
     seen = []
     real = train.normalize_batch
 
-    def spy(batch, scores, tag_ids, rows, grouping, method):
-        out = real(batch, scores, tag_ids, rows, grouping, method)
+    def spy(batch, scores, tag_ids, rows, grouping, method, **kw):  # kw: valid (env errors)
+        out = real(batch, scores, tag_ids, rows, grouping, method, **kw)
         seen.append((np.asarray(tag_ids).copy(), np.asarray(batch.scores), out.scores))
         return out
 
@@ -763,3 +763,25 @@ def test_metamathqa_preset_trains_two_steps_with_retries(tmp_path):
             assert np.isfinite(m[key]), key
         assert 1.0 <= m["train/MetamathQA/num_turns"] <= 3.0
     assert "val-env/MetamathQA/success" in metrics[2]
+
+
+@pytest.mark.timeout(600)
+def test_a_run_with_a_hanging_env_in_its_mix_finishes(tmp_path):
+    """Countdown whose every reset hangs forever, mixed with Sokoban: two steps finish, the
+    hung episodes are env errors (their workers killed), and the update trains on the rest."""
+    from ragen_jax.envs import register
+    from tests.rollout.faulty_envs import HangingCountdown
+
+    register("hanging_countdown", HangingCountdown)
+    summary = _run(micro_config(tmp_path, steps=2, env="mixed_countdown", extra=(
+        "--config.env.mix.SimpleSokoban.groups=1", "--config.env.mix.Countdown.groups=1",
+        "--config.env.mix.Countdown.name=hanging_countdown",
+        "--config.env.mix.Countdown.params.step_timeout=1.0",
+        "--config.rollout.max_turn=2", "--config.trainer.val_before_train=False",
+        "--config.warmstart.steps=0")))
+    assert summary["step"] == 2
+    metrics = read_jsonl(tmp_path / "metrics.jsonl")
+    for s in (1, 2):
+        assert metrics[s]["rollout/env_errors"] == 4  # the Countdown group's four episodes
+        assert metrics[s]["train/batch_size"] == 4  # Sokoban's group only
+        assert np.isfinite(metrics[s]["actor/pg_loss"])

@@ -1,22 +1,32 @@
 """Environments: pure-JAX text environments (gymnax style: Sokoban, FrozenLake, Bandit, 2048,
-the 2x2 Rubik's cube) and
-host environments (Python, free-text actions: Countdown, Sudoku, MetaMathQA, Search, any
-Gymnasium env)."""
+the 2x2 Rubik's cube) and host environments (Python, free-text actions: Countdown, Sudoku,
+MetaMathQA, Search, GEM's games, any Gymnasium env, an env served over HTTP).
 
-from ragen_jax.envs.bandit import Bandit
-from ragen_jax.envs.base import TextEnv
-from ragen_jax.envs.countdown import Countdown
-from ragen_jax.envs.frozenlake import FrozenLake
-from ragen_jax.envs.game2048 import Game2048
-from ragen_jax.envs.gymnasium_env import GymnasiumEnv
-from ragen_jax.envs.host import HostEnv, HostEnvFamily, HostState
-from ragen_jax.envs.metamathqa import MetaMathQA
-from ragen_jax.envs.registry import REGISTRY, make, register
-from ragen_jax.envs.rubiks import RubiksCube
-from ragen_jax.envs.search import Search
-from ragen_jax.envs.sokoban import Sokoban
-from ragen_jax.envs.sudoku import Sudoku
+The names below load on first use: the JAX envs import gymnax, which starts JAX's backend at
+import, and a host env's worker process (``envs.processes``) imports only the host env it
+builds (``ragen_jax.envs.countdown`` needs no JAX), so it starts light and never forks JAX's
+threads.
+"""
 
-__all__ = ["REGISTRY", "Bandit", "Countdown", "FrozenLake", "Game2048", "GymnasiumEnv", "HostEnv",
-           "HostEnvFamily", "HostState", "MetaMathQA", "RubiksCube", "Search", "Sokoban", "Sudoku",
-           "TextEnv", "make", "register"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "Bandit": "bandit", "TextEnv": "base", "Countdown": "countdown", "FrozenLake": "frozenlake",
+    "Game2048": "game2048", "GymnasiumEnv": "gymnasium_env", "HostEnv": "host",
+    "HostEnvFamily": "host", "HostState": "host", "MetaMathQA": "metamathqa",
+    "REGISTRY": "registry", "make": "registry", "register": "registry",
+    "RubiksCube": "rubiks", "Search": "search", "Sokoban": "sokoban", "Sudoku": "sudoku",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value

@@ -16,9 +16,9 @@ Optional parts: ``action_names`` (a fixed list the parser matches case-insensiti
 RAGEN's ``action_lookup``; empty = free text, every non-empty answer part is passed to
 ``step``), ``instruction`` (the system message's env instruction), ``random_action`` (a
 well-formed action for the format warm-start), and RAGEN's ``parallel_friendly`` /
-``max_workers`` (whether different instances may step in parallel threads, and how many), plus
-``step_timeout`` (seconds one ``reset`` or ``step`` call may take before its episode is ended
-as a failure).
+``max_workers`` (whether different instances may step in parallel threads or processes, and
+how many), plus ``step_timeout`` (seconds one ``reset`` or ``step`` call may take before its
+episode is ended as an env error).
 
 ``HostEnvFamily`` is what ``ragen_jax.envs.make`` returns for a host env: it builds one
 instance per episode slot (a ``HostEnv`` keeps its episode in ``self``) and gives the rollout
@@ -36,45 +36,8 @@ from typing import Any
 
 import numpy as np
 
-
-class HostEnv:
-    """Base class of a host environment (see the module docstring for the contract).
-
-    Subclasses implement ``reset`` and ``step`` and may set the class attributes below.
-    Instances are never shared between episodes running at the same time, so an env only has
-    to be thread-safe across instances, and only if it sets ``parallel_friendly``.
-    """
-
-    action_names: tuple[str, ...] = ()  # fixed action names; () = free-text actions
-    instruction: str = ""  # the system message's env instruction
-    parallel_friendly: bool = False  # different instances may step in parallel threads (RAGEN)
-    max_workers: int = 8  # threads when parallel_friendly (RAGEN: max_workers)
-    step_timeout: float = 30.0  # seconds a reset or step may take; past it the episode fails
-
-    @property
-    def name(self) -> str:
-        """The default metric tag (RAGEN's env tag): the class name."""
-        return type(self).__name__
-
-    def reset(self, seed: int) -> str:
-        """Starts the episode of ``seed`` (the same seed, the same episode); returns its text."""
-        raise NotImplementedError(f"{self.name} must implement reset(seed)")
-
-    def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
-        """Plays one action: ``(text, reward, done, info)`` with ``info["success"]``."""
-        raise NotImplementedError(f"{self.name} must implement step(action)")
-
-    def level_key(self) -> str | None:
-        """What identifies the level of the episode just reset (``envs.levels``: validation
-        levels are held out of training by it). None (the default): the reset's text."""
-        return None
-
-    def random_action(self, rng: np.random.Generator) -> str:
-        """A well-formed action in the current state, drawn at random (never a solver): the
-        format warm-start's answers. Default: one of ``action_names``."""
-        if not self.action_names:
-            raise NotImplementedError(f"{self.name}: free-text env without random_action(rng)")
-        return str(self.action_names[int(rng.integers(len(self.action_names)))])
+from ragen_jax.envs import processes
+from ragen_jax.envs.host_base import HostEnv  # the contract's base class, defined apart
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,42 +46,71 @@ class HostState:
 
     text: str  # the last observation
     action_names: tuple[str, ...]  # the names in force; () = free text
-    env: HostEnv | None  # the instance playing it (None after a failed reset)
+    env: Any  # the instance playing it, or its handle in a worker (None after a failed reset)
+
+
+ISOLATIONS = ("process", "thread")
+DESCRIBE_TIMEOUT = 60.0  # seconds building the prototype in a worker may take (no step_timeout given)
 
 
 class HostEnvFamily:
     """Instances of one host env (``factory()`` builds one) and their batch options.
 
     ``parallel_friendly``, ``max_workers`` and ``step_timeout`` default to the prototype's
-    class attributes. ``ragen_jax.rollout.host_driver.HostEnvDriver`` resets and steps a batch
-    of instances.
+    class attributes. ``isolation`` (default ``"process"``) says where instances run:
+    ``"process"``, in worker processes (``envs.processes``: a hang is killed, a crash costs
+    its episode; ``memory_limit_mb`` caps how much a worker's address space may grow), or
+    ``"thread"``, in this process on watchdog threads (no processes; a hung call is abandoned,
+    not stopped, and a crash or a GIL-holding hang takes the run down). The prototype, which
+    gives the defaults, is built where the instances run: under ``isolation="process"`` in a
+    worker, under ``step_timeout`` (or ``DESCRIBE_TIMEOUT``). ``ragen_jax.rollout.host_driver.
+    HostEnvDriver`` resets and steps a batch of instances.
     """
 
     def __init__(self, factory: Callable[[], HostEnv], *, parallel_friendly: bool | None = None,
-                 max_workers: int | None = None, step_timeout: float | None = None):
+                 max_workers: int | None = None, step_timeout: float | None = None,
+                 isolation: str | None = None, memory_limit_mb: float | None = None):
         self.factory = factory
-        self.prototype = factory()
-        if not isinstance(self.prototype, HostEnv):
-            raise TypeError(f"a host env factory must build a HostEnv, got {type(self.prototype)}")
-        proto = self.prototype
-        self.parallel_friendly = proto.parallel_friendly if parallel_friendly is None else bool(parallel_friendly)
-        self.max_workers = int(proto.max_workers if max_workers is None else max_workers)
-        self.step_timeout = float(proto.step_timeout if step_timeout is None else step_timeout)
+        self.isolation = "process" if isolation is None else isolation
+        if self.isolation not in ISOLATIONS:
+            raise ValueError(f"env.params.isolation must be one of {ISOLATIONS}, got {isolation!r}")
+        self.memory_limit_mb = None if memory_limit_mb is None else float(memory_limit_mb)
+        if self.memory_limit_mb is not None and (self.isolation != "process" or self.memory_limit_mb <= 0):
+            raise ValueError(f"env.params.memory_limit_mb must be > 0 and needs isolation='process', "
+                             f"got {memory_limit_mb!r} with isolation={self.isolation!r}")
+        self.prototype: HostEnv | None = None
+        if self.isolation == "process":
+            self.info = processes.describe_env(
+                factory, DESCRIBE_TIMEOUT if step_timeout is None else float(step_timeout),
+                memory_limit_mb=self.memory_limit_mb)
+        else:
+            self.prototype = factory()
+            if not isinstance(self.prototype, HostEnv):
+                raise TypeError(f"a host env factory must build a HostEnv, got {type(self.prototype)}")
+            proto = self.prototype
+            self.info = {"name": proto.name, "instruction": proto.instruction,
+                         "parallel_friendly": proto.parallel_friendly,
+                         "max_workers": proto.max_workers, "step_timeout": proto.step_timeout}
+        info = self.info
+        self.parallel_friendly = info["parallel_friendly"] if parallel_friendly is None else bool(parallel_friendly)
+        self.max_workers = int(info["max_workers"] if max_workers is None else max_workers)
+        self.step_timeout = float(info["step_timeout"] if step_timeout is None else step_timeout)
         if self.max_workers < 1 or self.step_timeout <= 0:
-            raise ValueError(f"{proto.name}: max_workers must be >= 1 and step_timeout > 0, got "
+            raise ValueError(f"{info['name']}: max_workers must be >= 1 and step_timeout > 0, got "
                              f"{self.max_workers} and {self.step_timeout}")
 
     @property
     def name(self) -> str:
-        return self.prototype.name
+        return self.info["name"]
 
     @property
     def instruction(self) -> str:
-        return self.prototype.instruction
+        return self.info["instruction"]
 
     @property
     def workers(self) -> int:
-        """Threads stepping instances: ``max_workers`` if parallel-friendly, else 1."""
+        """Threads or processes stepping instances: ``max_workers`` if parallel-friendly,
+        else 1."""
         return self.max_workers if self.parallel_friendly else 1
 
     def action_names_for(self, state: HostState) -> tuple[str, ...]:

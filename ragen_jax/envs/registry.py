@@ -6,8 +6,8 @@ to the params, anything else (shapes, rendering choices) to the env's constructo
 
 A host env (a ``HostEnv`` class, or any callable ``(**params) -> HostEnv`` given to
 ``register``): ``make`` returns ``(HostEnvFamily, None)``; ``parallel_friendly``,
-``max_workers`` and ``step_timeout`` are the family's batch options, the other keywords go to
-the constructor, once per episode slot.
+``max_workers``, ``step_timeout``, ``isolation`` and ``memory_limit_mb`` are the family's
+options, the other keywords go to the constructor, once per episode slot.
 
 An unknown name or keyword is an error that names it.
 """
@@ -15,6 +15,7 @@ An unknown name or keyword is an error that names it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +28,7 @@ from ragen_jax.envs.game2048 import Game2048
 from ragen_jax.envs.gem_env import GemEnv
 from ragen_jax.envs.host import HostEnv, HostEnvFamily
 from ragen_jax.envs.metamathqa import MetaMathQA
+from ragen_jax.envs.remote import RemoteEnv
 from ragen_jax.envs.rubiks import RubiksCube
 from ragen_jax.envs.search import Search
 from ragen_jax.envs.sokoban import Sokoban
@@ -43,9 +45,10 @@ REGISTRY: dict[str, type[TextEnv] | Callable[..., HostEnv]] = {
     "metamathqa": MetaMathQA,
     "search": Search,
     "gem": GemEnv,
+    "remote": RemoteEnv,  # an env served by ``python -m ragen_jax.envs.serve``
 }
 
-HOST_OPTIONS = ("parallel_friendly", "max_workers", "step_timeout")
+HOST_OPTIONS = ("parallel_friendly", "max_workers", "step_timeout", "isolation", "memory_limit_mb")
 
 
 def register(name: str, env: type[TextEnv] | Callable[..., HostEnv]) -> None:
@@ -84,4 +87,4 @@ def _make_host(name: str, factory: Callable[..., HostEnv], params: dict[str, Any
     if unknown and not takes_any:
         allowed = ", ".join(sorted(set(signature.parameters) | set(HOST_OPTIONS)))
         raise ValueError(f"env {name!r}: unknown parameter(s) {sorted(unknown)}; allowed: {allowed}")
-    return HostEnvFamily(lambda: factory(**kwargs), **options)
+    return HostEnvFamily(functools.partial(factory, **kwargs) if kwargs else factory, **options)

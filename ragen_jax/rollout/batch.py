@@ -122,6 +122,12 @@ class RolloutBatch:
         if self.tag_ids is None:
             self.tag_ids = np.zeros(self.scores.shape[0], np.int32)
 
+    @property
+    def env_failed(self) -> np.ndarray:
+        """``[B] bool``: the episodes an env error ended (raised, timed out, crashed); training
+        leaves them out of the update."""
+        return np.array([bool(ep.env_error) for ep in self.episodes], bool).reshape(-1)
+
     def turn_samples(self) -> TurnSamples:
         """One row per played turn (see ``TurnSamples``), built on first use."""
         if getattr(self, "_turn_samples", None) is None:
@@ -310,6 +316,8 @@ def rollout_metrics(eps: Sequence[Episode], batch: RolloutBatch, *, tag: str,
     ``action_is_effective``: per episode effective / executed actions (0 if none); both
     then averaged over episodes. ``format_error_rate``: over all turns of the batch.
     ``pass@{group_size}``: the fraction of groups with at least one success.
+    ``env_error_rate``: the episodes an env error ended (they count as unsuccessful in
+    ``success``); ``success_of_played``: the success rate of the others, the policy's own.
     """
     turns = [t for ep in eps for t in ep.turns]
     errors = [bool(t.get("format_error")) for t in turns]
@@ -320,8 +328,11 @@ def rollout_metrics(eps: Sequence[Episode], batch: RolloutBatch, *, tag: str,
     groups = success.reshape(-1, group_size) if success.size else success.reshape(0, 1)
     resp = batch.loss_mask.sum(axis=1)
     f = lambda x: float(np.mean(x)) if len(x) else 0.0  # noqa: E731
+    failed = np.array([bool(ep.env_error) for ep in eps], bool)
     return {
         f"{tag}/success": f(success),
+        f"{tag}/env_error_rate": f(failed),
+        f"{tag}/success_of_played": f(success[~failed]),
         f"{tag}/num_actions": f(batch.num_actions),
         f"{tag}/num_turns": f(batch.num_turns),
         f"{tag}/action_is_effective": f(effective),

@@ -65,29 +65,43 @@ class FilterConfig:
                 raise ValueError(f"filter.{field} must be one of {allowed}, got {getattr(self, field)!r}")
 
 
-def _std(x: jax.Array) -> jax.Array:
-    """Unbiased std of each row [G, S] (RAGEN's torch.std); 0 for groups of one."""
-    return jnp.std(x, axis=1, ddof=1) if x.shape[1] > 1 else jnp.zeros(x.shape[0])
+def _std(x: jax.Array, valid: jax.Array | None = None) -> jax.Array:
+    """Unbiased std of each row [G, S] (RAGEN's torch.std); 0 for groups of one. With
+    ``valid [G, S]``, over the valid entries only (0 for fewer than two)."""
+    if valid is None:
+        return jnp.std(x, axis=1, ddof=1) if x.shape[1] > 1 else jnp.zeros(x.shape[0])
+    n = valid.sum(1)
+    centred = jnp.where(valid, x - _mean(x, valid)[:, None], 0.0)
+    return jnp.where(n > 1, jnp.sqrt(jnp.sum(centred**2, 1) / jnp.maximum(n - 1, 1)), 0.0)
+
+
+def _mean(x: jax.Array, valid: jax.Array | None = None) -> jax.Array:
+    """Mean of each row [G, S]; with ``valid``, of its valid entries (0 for none)."""
+    if valid is None:
+        return x.mean(axis=1)
+    n = valid.sum(1)
+    return jnp.where(n > 0, jnp.sum(jnp.where(valid, x, 0.0), 1) / jnp.maximum(n, 1), 0.0)
 
 
 def group_scores(scores: jax.Array, lengths: jax.Array | None, metric: str,
-                 entropies: jax.Array | None = None) -> jax.Array:
+                 entropies: jax.Array | None = None, valid: jax.Array | None = None) -> jax.Array:
     """The per-group selection score. ``scores`` [G, S] trajectory scores (rewards plus
     penalties), ``lengths`` [G, S] response lengths (for ``metric="length"``), ``entropies``
-    [G, S] per-trajectory mean token entropies (for the entropy metrics).  # [G]"""
+    [G, S] per-trajectory mean token entropies (for the entropy metrics); ``valid`` [G, S]
+    (None: all) the rollouts that count (an env error's episode does not).  # [G]"""
     if metric == "reward_variance":  # RAGEN: unbiased torch.std despite the name
-        return _std(scores)
+        return _std(scores, valid)
     if metric in ENTROPY_METRICS:
         if entropies is None:
             raise ValueError(f"filter metric {metric!r} needs entropies")
-        return entropies.mean(axis=1) if metric == "entropy" else _std(entropies)
+        return _mean(entropies, valid) if metric == "entropy" else _std(entropies, valid)
     if metric == "reward":
-        return scores.mean(axis=1)
+        return _mean(scores, valid)
     if metric == "reward_sum":
-        return scores.sum(axis=1)
+        return scores.sum(axis=1) if valid is None else jnp.sum(jnp.where(valid, scores, 0.0), 1)
     if lengths is None:
         raise ValueError("filter metric 'length' needs lengths")
-    return lengths.astype(jnp.float32).mean(axis=1)
+    return _mean(lengths.astype(jnp.float32), valid)
 
 
 def select_groups(score: jax.Array, config: FilterConfig) -> jax.Array:
@@ -129,40 +143,50 @@ def select_groups(score: jax.Array, config: FilterConfig) -> jax.Array:
 
 
 def filter_groups(scores: jax.Array, config: FilterConfig, lengths: jax.Array | None = None,
-                  entropies: jax.Array | None = None
+                  entropies: jax.Array | None = None, valid: jax.Array | None = None
                   ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
     """Applies the filter to a batch of ``G`` groups of ``S`` rollouts (group-major);
     ``lengths`` and ``entropies`` [G, S] as ``group_scores`` needs them for the metric.
+
+    ``valid [G, S]`` (None: all) marks the rollouts that count: the others (episodes an env
+    error ended) take no part in any group statistic, get weight 0, and a group with none
+    left is never kept.
 
     Returns ``(keep [G] bool, weights [G * S] float32, metrics)``: ``weights`` is 0 for
     dropped rollouts and 1 (or the kept ratio, or its square root, with ``loss_scaling``)
     for kept ones. Metrics use RAGEN's names.
     """
     num_groups = scores.shape[0]
-    score = group_scores(scores, lengths, config.metric, entropies)
+    score = group_scores(scores, lengths, config.metric, entropies, valid)
     keep = select_groups(score, config)
+    if valid is not None:
+        keep = keep & valid.any(1)
     kept = keep.sum()
     ratio = kept / num_groups
     scale = {"none": 1.0, "linear": ratio, "sqrt": jnp.sqrt(ratio)}[config.loss_scaling]
     weights = jnp.repeat(keep.astype(jnp.float32) * scale, scores.shape[1])
+    if valid is not None:
+        weights = weights * valid.reshape(-1)
 
     def chosen_mean(x):
         return jnp.where(kept > 0, jnp.sum(jnp.where(keep, x, 0.0)) / jnp.maximum(kept, 1), 0.0)
 
-    std = _std(scores)
+    std, mean = _std(scores, valid), _mean(scores, valid)
+    best = scores.max(axis=1) if valid is None else jnp.max(jnp.where(valid, scores, -jnp.inf), 1)
+    best = jnp.where(jnp.isfinite(best), best, 0.0)
     metrics = {
         "rollout/in_group_reward_std": std.mean(),
-        "rollout/in_group_reward_mean": scores.mean(axis=1).mean(),
-        "rollout/in_group_reward_max": scores.max(axis=1).mean(),
+        "rollout/in_group_reward_mean": mean.mean(),
+        "rollout/in_group_reward_max": best.mean(),
         "rollout/chosen_in_group_reward_std": chosen_mean(std),
-        "rollout/chosen_in_group_reward_mean": chosen_mean(scores.mean(axis=1)),
+        "rollout/chosen_in_group_reward_mean": chosen_mean(mean),
         "rollout/filter_kept_count": kept.astype(jnp.float32),
         "rollout/filter_kept_ratio": ratio,
         "rollout/filter_zero_count": jnp.sum(jnp.abs(score) <= ZERO).astype(jnp.float32),
         "rollout/empty_after_filter": (kept == 0).astype(jnp.float32),
     }
     if entropies is not None:
-        e_std, e_mean = _std(entropies), entropies.mean(axis=1)
+        e_std, e_mean = _std(entropies, valid), _mean(entropies, valid)
         metrics |= {
             "rollout/in_group_entropy_std": e_std.mean(),
             "rollout/in_group_entropy_mean": e_mean.mean(),

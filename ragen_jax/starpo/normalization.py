@@ -60,10 +60,11 @@ def _normalize_one(x: np.ndarray, method: str) -> np.ndarray:
 
 
 def normalize_scores(scores: np.ndarray, group_ids: np.ndarray, tag_ids: np.ndarray,
-                     grouping: str, method: str) -> np.ndarray:
+                     grouping: str, method: str, valid: np.ndarray | None = None) -> np.ndarray:
     """``scores [B]`` normalised by ``method`` within each ``grouping`` (module docstring):
     ``group_ids [B]`` are the rows' env groups (``state``), ``tag_ids [B]`` their env tags
-    (``inductive``).  # [B] float32"""
+    (``inductive``). ``valid [B]`` (None: all): only these rows make the statistics; the
+    others (episodes an env error ended, which train on nothing) get 0.  # [B] float32"""
     if grouping not in GROUPINGS:
         raise ValueError(f"reward normalisation grouping must be one of {GROUPINGS}, got {grouping!r}")
     if method not in METHODS:
@@ -71,9 +72,10 @@ def normalize_scores(scores: np.ndarray, group_ids: np.ndarray, tag_ids: np.ndar
     scores = np.asarray(scores, np.float64)
     keys = {"state": np.asarray(group_ids), "inductive": np.asarray(tag_ids),
             "batch": np.zeros(scores.shape[0], np.int64)}[grouping]
-    out = np.empty_like(scores)
-    for key in np.unique(keys):
-        rows = keys == key
+    valid = np.ones(scores.shape[0], bool) if valid is None else np.asarray(valid, bool)
+    out = np.zeros_like(scores)
+    for key in np.unique(keys[valid]):
+        rows = (keys == key) & valid
         out[rows] = _normalize_one(scores[rows], method)
     return out.astype(np.float32)
 
@@ -93,15 +95,17 @@ def place_scores(token_rewards: np.ndarray, loss_mask: np.ndarray,
 
 
 def normalize_batch(batch: RolloutBatch, scores: np.ndarray, tag_ids: np.ndarray, rows: slice,
-                    grouping: str, method: str) -> RolloutBatch:
+                    grouping: str, method: str, valid: np.ndarray | None = None) -> RolloutBatch:
     """This process's ``batch`` with its scores (and their token rewards) normalised over the
     whole batch: ``scores [G, S]`` every process's scores by global group, ``tag_ids [G * S]``
-    their env tags, ``rows`` this process's share of the ``G * S`` rows. ``identity`` returns
-    ``batch`` itself (turn scores, when used, stay where they are)."""
+    their env tags, ``rows`` this process's share of the ``G * S`` rows, ``valid [G, S]``
+    the rows that count (``normalize_scores``). ``identity`` returns ``batch`` itself (turn
+    scores, when used, stay where they are)."""
     if method == "identity":
         return batch
     groups, size = scores.shape
     normed = normalize_scores(scores.reshape(-1), np.repeat(np.arange(groups), size), tag_ids,
-                              grouping, method)[rows]
+                              grouping, method,
+                              None if valid is None else np.asarray(valid).reshape(-1))[rows]
     return dataclasses.replace(batch, scores=normed,
                                token_rewards=place_scores(batch.token_rewards, batch.loss_mask, normed))

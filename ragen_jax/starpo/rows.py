@@ -27,10 +27,12 @@ from ragen_jax.starpo.update import Prefixes, interleave
 
 
 def select_rows(keep_groups: np.ndarray, group_ids: np.ndarray, multiple: int,
-                rng: np.random.Generator) -> np.ndarray:
-    """Rows of the kept groups, padded to a multiple of ``multiple`` by duplicating random
-    kept rows. Empty if nothing was kept."""
-    rows = np.nonzero(keep_groups[group_ids])[0]
+                rng: np.random.Generator, valid: np.ndarray | None = None) -> np.ndarray:
+    """Rows of the kept groups (only the ``valid`` ones, when given: an env error's episode
+    is never a row), padded to a multiple of ``multiple`` by duplicating random kept rows.
+    Empty if nothing was kept."""
+    chosen = keep_groups[group_ids]
+    rows = np.nonzero(chosen if valid is None else chosen & valid)[0]
     if rows.size == 0:
         return rows
     short = (-rows.size) % multiple
@@ -38,13 +40,14 @@ def select_rows(keep_groups: np.ndarray, group_ids: np.ndarray, multiple: int,
 
 
 def balanced_rows(keep: np.ndarray, group_ids: np.ndarray, weights: np.ndarray, multiple: int,
-                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+                  rng: np.random.Generator, valid: np.ndarray | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
     """Multi-process row selection: this process's kept rows, padded by copies to the largest
     count any process has (rounded up to ``multiple / processes``), so that every process
     feeds the same number of rows. A process that kept nothing feeds copies of row 0 with
     weight 0 (they add nothing to the loss)."""
     per = multiple // math.gcd(multiple, jax.process_count())
-    rows = select_rows(keep, group_ids, 1, rng)
+    rows = select_rows(keep, group_ids, 1, rng, valid)
     target = int(dist.allgather(np.int64(rows.size)).max())
     target = -(-target // per) * per
     w = weights.astype(np.float32).copy()
@@ -68,7 +71,8 @@ def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
                      group_buckets: np.ndarray, mesh: Mesh, rng: np.random.Generator,
                      share_prefixes: bool = True,
                      sample_unit: str = "trajectory", micro_batches: int = 1,
-                     long_rows_apart: bool = False) -> StepBatch | None:
+                     long_rows_apart: bool = False, valid: np.ndarray | None = None
+                     ) -> StepBatch | None:
     """The update's rows of this process's rollout ``batch`` (``None`` if no process kept
     any). ``keep [G_local]`` and ``weights [B_local]`` come from the filter, ``group_offset``
     is this process's first global group id, ``group_buckets [G]`` the reward-std bucket of
@@ -79,6 +83,11 @@ def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
     only what follows it: a group of n rows reads its prompt once instead of n times.
 
     ``sample_unit="turn"``: the rows are the turn rows (``weights`` stay per episode).
+
+    ``valid [B_local]`` (None: all): the episodes that may train. The others (an env error
+    ended them) give no row, not even a padding copy, so no advantage, loss or group
+    statistic of the update sees them; with turn rows they are in no group of the episode
+    table either.
 
     ``long_rows_apart`` (one device): when every mini-batch's rows but its longest micro-batch's
     worth (``micro_batches`` per mini-batch) fit in fewer slots, the batch says so
@@ -92,16 +101,19 @@ def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
         # Global episode ids: every process holds as many episodes (equal shares of groups).
         offset = jax.process_index() * batch.scores.size
         episode_index = (turns.episode + offset).astype(np.int32)
-        episodes = (np.asarray(batch.scores, np.float32),
-                    (batch.group_ids + group_offset).astype(np.int32))
+        episode_groups = (batch.group_ids + group_offset).astype(np.int32)
+        if valid is not None:  # in no group: the estimators' segment sums drop ids below 0
+            episode_groups = np.where(valid, episode_groups, -1).astype(np.int32)
+        episodes = (np.asarray(batch.scores, np.float32), episode_groups)
         weights = np.asarray(weights)[turns.episode]
+        valid = None if valid is None else np.asarray(valid, bool)[turns.episode]
         batch = _TurnRows(turns, batch.scores[turns.episode])
     n_dev = mesh.shape["data"] * mesh.shape["fsdp"]
     multiple = math.lcm(mini_batch_size, n_dev)
     if dist.multiprocess():
-        rows, weights = balanced_rows(keep, batch.group_ids, weights, multiple, rng)
+        rows, weights = balanced_rows(keep, batch.group_ids, weights, multiple, rng, valid)
     else:
-        rows = select_rows(keep, batch.group_ids, multiple, rng)
+        rows = select_rows(keep, batch.group_ids, multiple, rng, valid)
     if not dist.any_process(rows.size > 0):
         return None
     width = int(batch.attention_mask[rows].any(0).nonzero()[0].max()) + 1

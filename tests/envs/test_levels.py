@@ -125,7 +125,9 @@ def test_ids_round_trip_through_device_lanes():
     ("sudoku", dict(size=4, difficulty="easy"), lambda e: e.puzzle.tobytes()),
 ])
 def test_host_env_resets_never_play_a_validation_level(name, params, puzzle):
-    family, _ = make(name, **params)
+    """Read on the instances themselves, so in this process (``isolation="thread"``); the
+    worker-process driver plays the same levels with the same redraws."""
+    family, _ = make(name, isolation="thread", **params)
     driver = HostEnvDriver(family)
 
     def played(seeds, **kw):
@@ -139,6 +141,13 @@ def test_host_env_resets_never_play_a_validation_level(name, params, puzzle):
     held, held_puzzles = played(TRAIN)
     assert not set(held_puzzles) & set(val_puzzles)
     np.testing.assert_array_equal(held.redraws > 0, seen)
+    in_workers = HostEnvDriver(make(name, **params)[0])
+    in_workers.hold_out(val.levels)
+    out = in_workers.reset(TRAIN)
+    np.testing.assert_array_equal(out.levels, held.levels)
+    np.testing.assert_array_equal(out.redraws, held.redraws)
+    assert [s.text for s in out.states] == [s.text for s in held.states]
+    in_workers.close()
 
 
 def test_redraw_seeds_are_fixed_and_spread():

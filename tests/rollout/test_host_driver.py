@@ -1,6 +1,7 @@
-"""Host envs in the multi-turn rollout: failures cost one episode (raise, hang past the
-timeout, malformed returns), the same seed plays the same episode, free-text parsing, and
-parallel-friendly envs step in threads."""
+"""Host envs in the multi-turn rollout, on threads (``isolation="thread"``): failures cost one
+episode (raise, hang past the timeout, malformed returns), the same seed plays the same
+episode, free-text parsing, and parallel-friendly envs step in threads. The same faults and
+worse ones in worker processes: ``test_env_processes.py``."""
 
 import dataclasses
 import threading
@@ -42,7 +43,7 @@ class Moody(HostEnv):
 
 
 def _play(tok, answers, *, timeout=10.0, seeds=(11, 12), cfg=CFG, **kw):
-    family = HostEnvFamily(Moody, step_timeout=timeout, **kw)
+    family = HostEnvFamily(Moody, step_timeout=timeout, isolation="thread", **kw)
     rollout = AgentRollout(family, None, tok, cfg)
     policy = ScriptedPolicy.from_texts(
         tok, lambda row, call: answer_text(answers(row, call), cfg.context))
@@ -76,7 +77,7 @@ def test_a_hanging_step_times_out(tok):
 
 def test_a_hang_does_not_block_the_next_rollout(tok):
     """The hung thread is retired and replaced: a single-worker env keeps working."""
-    family = HostEnvFamily(Moody, step_timeout=0.2)
+    family = HostEnvFamily(Moody, step_timeout=0.2, isolation="thread")
     rollout = AgentRollout(family, None, tok, CFG)
     for answer in (["hang"], ["win"]):
         policy = ScriptedPolicy.from_texts(
@@ -98,7 +99,7 @@ def test_a_failed_reset_ends_the_episode_before_it_starts(tok):
                 raise RuntimeError("no level 12")
             return super().reset(seed)
 
-    rollout = AgentRollout(HostEnvFamily(BadSeed), None, tok, CFG)
+    rollout = AgentRollout(HostEnvFamily(BadSeed, isolation="thread"), None, tok, CFG)
     policy = ScriptedPolicy.from_texts(tok, lambda row, call: answer_text(["win"], CFG.context))
     batch = rollout.collect(policy, np.array([11, 12]), jax.random.key(0))
     assert [t["env_error"] for t in batch.trajectories] == ["", "", "reset: RuntimeError: no level 12",
@@ -115,7 +116,7 @@ def test_a_reset_that_hangs_past_the_timeout_costs_its_episodes(tok):
                 time.sleep(3.0)
             return super().reset(seed)
 
-    rollout = AgentRollout(HostEnvFamily(SlowSeed, step_timeout=0.3), None, tok, CFG)
+    rollout = AgentRollout(HostEnvFamily(SlowSeed, step_timeout=0.3, isolation="thread"), None, tok, CFG)
     policy = ScriptedPolicy.from_texts(tok, lambda row, call: answer_text(["win"], CFG.context))
     t0 = time.perf_counter()
     batch = rollout.collect(policy, np.array([11, 12]), jax.random.key(0))
@@ -141,7 +142,7 @@ def test_building_an_instance_is_under_the_timeout_too(tok):
             time.sleep(3.0)
         return Moody()
 
-    rollout = AgentRollout(HostEnvFamily(factory, step_timeout=0.3), None, tok, CFG)
+    rollout = AgentRollout(HostEnvFamily(factory, step_timeout=0.3, isolation="thread"), None, tok, CFG)
     policy = ScriptedPolicy.from_texts(tok, lambda row, call: answer_text(["win"], CFG.context))
     t0 = time.perf_counter()
     batch = rollout.collect(policy, np.array([11, 12]), jax.random.key(0))
@@ -193,7 +194,7 @@ def test_parallel_friendly_envs_step_in_threads(tok):
             return super().step(action)
 
     cfg = dataclasses.replace(CFG, max_turn=1)
-    rollout = AgentRollout(HostEnvFamily(Slow, max_workers=4), None, tok, cfg)
+    rollout = AgentRollout(HostEnvFamily(Slow, max_workers=4, isolation="thread"), None, tok, cfg)
     policy = ScriptedPolicy.from_texts(tok, lambda row, call: answer_text(["win"], cfg.context))
     t0 = time.perf_counter()
     batch = rollout.collect(policy, np.array([1, 2]), jax.random.key(0))
@@ -205,5 +206,22 @@ def test_host_options_through_make():
     family, params = make("sudoku", size=4, step_timeout=5, max_workers=3, parallel_friendly=True)
     assert params is None and family.workers == 3 and family.step_timeout == 5.0
     assert family.name == "Sudoku" and make("sudoku")[0].workers == 1
+    assert family.isolation == "process" and make("sudoku", isolation="thread")[0].isolation == "thread"
     with pytest.raises(ValueError, match="unknown parameter"):
         make("countdown", grid=3)
+    with pytest.raises(ValueError, match=r"^env.params.isolation must be one of"):
+        make("countdown", isolation="fork")
+    with pytest.raises(ValueError, match=r"^env.params.memory_limit_mb .* needs isolation='process'"):
+        make("countdown", isolation="thread", memory_limit_mb=100)
+
+
+def test_threads_abandoned_by_timeouts_are_dropped_once_they_return(tok):
+    """A retired thread leaves the runner's list when its call returns: repeated timeouts do
+    not grow it without bound (each hang here ends after 0.5 s)."""
+    from ragen_jax.rollout.host_driver import CallRunner
+
+    runner = CallRunner(1, 0.05)
+    for _ in range(6):
+        runner.run([lambda mark: (mark(), time.sleep(0.5))])
+        time.sleep(0.6)
+    assert len(runner._workers) <= 2

@@ -1,0 +1,194 @@
+"""Host envs in worker processes (``isolation="process"``) under real faults: an env that
+never returns, one spinning in C with the GIL held, a segfault, ``os.abort()``, a memory leak
+past ``memory_limit_mb``, a constructor that hangs. Each costs its episode only: the other
+rows of the batch (on the same worker, rebuilt by replay) and the next rollout succeed, the
+number of live worker processes and of this process's threads stays bounded, and no test
+waits for a fault (pytest-timeout backs the explicit clocks)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import jax
+import numpy as np
+import psutil
+import pytest
+
+from ragen_jax.envs.host import HostEnvFamily
+from ragen_jax.envs.processes import Histories, Job, ProcessPool
+from ragen_jax.rollout import ScriptedPolicy
+from ragen_jax.rollout.agent import AgentRollout, RolloutConfig
+from ragen_jax.rollout.scripted import answer_text
+from tests.rollout.faulty_envs import Faulty, SlowBuild
+
+pytestmark = pytest.mark.timeout(60)
+
+CFG = RolloutConfig(env_groups=2, group_size=2, max_turn=2, max_actions_per_traj=4,
+                    max_actions_per_turn=2, response_length=32, enable_think=False)
+
+
+def _policy(tok, answers):
+    return ScriptedPolicy.from_texts(tok, lambda row, call: answer_text(answers(row, call), CFG.context))
+
+
+def _workers() -> int:
+    return len([p for p in psutil.Process().children(recursive=True)
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE])
+
+
+@pytest.mark.parametrize("kind", ["sleep", "regex", "segv", "abort", "leak", "boom"])
+def test_a_fault_costs_only_its_episode(tok, kind):
+    gc.collect()
+    before = _workers()  # other tests' pools, the fork server, multiprocessing's resource tracker
+    rollout = AgentRollout(HostEnvFamily(Faulty, step_timeout=2.0, memory_limit_mb=128),
+                           None, tok, CFG)
+    threads = threading.active_count()
+    t0 = time.perf_counter()
+    # Row 0 moves first, then row 2's fault kills the (single) worker holding every row:
+    # rows 0, 1 and 3 are rebuilt by replay and finish their episodes next turn.
+    batch = rollout.collect(_policy(tok, lambda row, call: (
+        [kind] if row == 2 else ["go"] if call == 0 else ["win"])), np.array([11, 12]),
+        jax.random.key(0))
+    assert time.perf_counter() - t0 < 10
+    t = batch.trajectories
+    assert t[2]["env_error"], kind
+    assert [x["success"] for x in t] == [True, True, False, True]
+    assert [x["env_error"] for x in t[:2] + t[3:]] == ["", "", ""]
+    assert t[0]["final_state"] == "seed 11 move 2 win"  # the replayed instance went on
+    assert batch.metrics["rollout/env_errors"] == 1.0
+    expected = {"sleep": "timed out", "regex": "timed out", "segv": "its worker process died (killed by SIGSEGV)",
+                "abort": "its worker process died (killed by SIGABRT)", "leak": "MemoryError",
+                "boom": "ValueError: boom"}[kind]
+    assert t[2]["env_error"].startswith(expected), t[2]["env_error"]
+    for seeds in ([13, 14], [15, 16]):  # the next rollouts play on, on one fresh worker
+        batch = rollout.collect(_policy(tok, lambda row, call: ["win"]), np.array(seeds),
+                                jax.random.key(1))
+        assert batch.success.all() and batch.metrics["rollout/env_errors"] == 0.0
+    assert rollout.driver.calls.pool.live_processes() == 1
+    assert _workers() <= before + 3  # the worker; the fork server and resource tracker if new
+    assert threading.active_count() <= threads + 1
+    rollout.driver.close()
+    assert rollout.driver.calls.pool.live_processes() == 0 and _workers() <= before + 2
+
+
+def test_a_hang_in_reset_and_a_hanging_constructor_cost_their_episodes(tok, tmp_path):
+    flag = tmp_path / "hang"
+    import functools
+
+    family = HostEnvFamily(functools.partial(SlowBuild, str(flag)), step_timeout=0.5)
+    rollout = AgentRollout(family, None, tok, CFG)
+    flag.touch()  # every instance built from now on hangs in its constructor
+    t0 = time.perf_counter()
+    batch = rollout.collect(_policy(tok, lambda row, call: ["win"]), np.array([1, 2]), jax.random.key(0))
+    assert time.perf_counter() - t0 < 10
+    assert all(x["env_error"].startswith("reset: timed out") for x in batch.trajectories)
+    flag.unlink()
+    batch = rollout.collect(_policy(tok, lambda row, call: ["win"]), np.array([1, 2]), jax.random.key(0))
+    assert batch.success.all()
+    rollout.driver.close()
+
+
+def test_a_prototype_that_hangs_or_crashes_is_a_one_line_error(tmp_path):
+    import functools
+
+    flag = tmp_path / "hang"
+    flag.touch()
+    t0 = time.perf_counter()
+    with pytest.raises(RuntimeError, match=r"^building the env in a worker process failed: timed out"):
+        HostEnvFamily(functools.partial(SlowBuild, str(flag)), step_timeout=0.5)
+    assert time.perf_counter() - t0 < 5
+    lock = threading.Lock()  # a closure over a lock cannot travel to a worker
+    with pytest.raises(ValueError, match=r"^env .*cannot be pickled.*isolation='thread'"):
+        HostEnvFamily(lambda: (lock, Faulty())[1])
+
+
+def test_parallel_friendly_envs_run_in_parallel_processes(tok):
+    """Four workers step four rows at once, each on its own process."""
+    class_ = Faulty
+    rollout = AgentRollout(HostEnvFamily(class_, parallel_friendly=True, max_workers=4), None,
+                           tok, CFG)
+    rollout.collect(_policy(tok, lambda row, call: ["win"]), np.array([1, 2]), jax.random.key(0))
+    pool = rollout.driver.calls.pool
+    assert pool.live_processes() == 4 and len(set(pool.pids())) == 4
+    rollout.driver.close()
+
+
+def test_workers_end_with_their_parent_even_when_it_is_killed(tmp_path):
+    """SIGTERM (the default handler: no cleanup runs) and SIGKILL of the process that owns a
+    pool leave no worker behind."""
+    script = textwrap.dedent("""
+        import sys, time
+        from ragen_jax.envs.host import HostEnvFamily
+        from ragen_jax.rollout.host_driver import HostEnvDriver
+        from tests.rollout.faulty_envs import Faulty
+        if __name__ == "__main__":
+            driver = HostEnvDriver(HostEnvFamily(Faulty, parallel_friendly=True, max_workers=3))
+            driver.reset(list(range(3)))
+            print(" ".join(map(str, driver.calls.pool.pids())), flush=True)
+            time.sleep(60)
+    """)
+    path = tmp_path / "owner.py"
+    path.write_text(script)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        owner = subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE, text=True,
+                                 env=env, cwd=os.getcwd())
+        pids = [int(p) for p in owner.stdout.readline().split()]
+        assert len(pids) == 3 and all(psutil.pid_exists(p) for p in pids)
+        owner.send_signal(sig)
+        owner.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(p) for p in pids), sig
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_fifty_kills_and_restarts_leave_fds_threads_and_processes_bounded():
+    """Fifty workers killed (alternately past the timeout and by a segfault) and replaced:
+    this process's open file descriptors, threads and live child processes end where they
+    were after the first cycle, no child is left a zombie, and a row on the killed workers
+    plays on throughout, rebuilt by a replay of its whole episode each time."""
+    pool = ProcessPool(Faulty, 1, 0.2)
+    rows = Histories()
+    killed = []
+
+    def cycle(i: int) -> None:
+        job = pool.run([rows.job("step", 0, (["go"],))])[0]
+        killed.extend(pool.pids())
+        rows.step_done(job)
+        assert not job.error and job.progress.text == f"seed 1 move {i + 1} go", job.error
+        fault = pool.run([Job("reset", 1, (2,)), Job("step", 1, (["sleep" if i % 2 else "segv"],))])
+        assert fault[1].error.startswith("timed out" if i % 2 else "its worker process died")
+
+    try:
+        reset = pool.run([Job("reset", 0, (1,))])[0]
+        rows.reset_done(reset)
+        cycle(0)  # starts the fork server and the resource tracker, if not yet running
+        fds, threads, children = _fds(), threading.active_count(), _workers()
+        t0 = time.perf_counter()
+        for i in range(1, 50):
+            cycle(i)
+        assert time.perf_counter() - t0 < 30
+        assert pool.restarts == 50
+        assert _fds() <= fds and threading.active_count() <= threads and _workers() <= children
+        assert len(set(killed)) == 50 and not any(psutil.pid_exists(p) for p in killed)  # reaped
+    finally:
+        pool.close()
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
