@@ -56,3 +56,20 @@ def test_a_countdown_run_against_a_served_env_equals_the_in_process_run(tmp_path
     trajectories = _trajectories(local)
     assert list(trajectories) == ["val_step00002.jsonl"] and len(trajectories["val_step00002.jsonl"]) == 4
     assert trajectories == _trajectories(remote)
+
+
+def test_the_remote_config_takes_an_env_configs_settings(tmp_path):
+    """``configs/remote.py:countdown`` is Countdown's run with the env served: the same
+    settings but the env, which the command line points at a server."""
+    from ragen_jax.config import load_config
+    from ragen_jax.schema import from_config_dict
+
+    served = load_config(["--config=configs/remote.py:countdown",
+                          "--config.env.params.url=http://127.0.0.1:9"], prog="t")
+    local = load_config(["--config=configs/countdown.py"], prog="t")
+    assert served.env.name == "remote" and dict(served.env.params) == {"url": "http://127.0.0.1:9"}
+    for section in ("rollout", "algorithm", "actor", "warmstart", "trainer"):
+        assert served[section].to_dict() == local[section].to_dict(), section
+    from_config_dict(served)  # every field valid
+    with pytest.raises(ValueError, match="no env config configs/nosuchenv.py"):
+        load_config(["--config=configs/remote.py:nosuchenv"], prog="t")
