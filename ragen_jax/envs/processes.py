@@ -203,11 +203,20 @@ class _Worker:
             except BaseException as e:  # noqa: BLE001 - an env may raise anything, even SystemExit
                 self.instances.pop(row, None)
                 reply = ("err", describe(e), _config_error(e))
-            try:
-                self.conn.send(reply)
-            except (pickle.PicklingError, TypeError, AttributeError) as e:
-                self.instances.pop(row, None)
-                self.conn.send(("err", f"its result cannot be sent back: {describe(e)}"))
+            if not self._send(row, reply):
+                return
+
+    def _send(self, row: int, reply: tuple) -> bool:
+        """Sends ``reply`` (an error in its place when it cannot be pickled); False when the
+        parent is gone (a broken pipe: nobody to answer)."""
+        try:
+            self.conn.send(reply)
+        except (pickle.PicklingError, TypeError, AttributeError) as e:
+            self.instances.pop(row, None)
+            return self._send(row, ("err", f"its result cannot be sent back: {describe(e)}"))
+        except OSError:
+            return False
+        return True
 
 
 def _config_error(e: BaseException) -> tuple[str, str] | None:
