@@ -145,7 +145,8 @@ def compute_dtype(model: ModelConfig, backend: str | None = None) -> tuple[str, 
 # rollout.<field>s an env.mix entry may set for itself (RAGEN's per-tag env settings and the
 # per-env prompt); the others (groups, seeds, lengths of the shared batch, sampling) are the run's.
 MIX_ROLLOUT_FIELDS = ("max_turn", "max_actions_per_traj", "max_actions_per_turn",
-                      "response_length", "max_tokens_hint", "turn_template", "system_template", "format_penalty")
+                      "response_length", "max_tokens_hint", "max_answer_chars", "turn_template",
+                      "system_template", "format_penalty")
 
 
 @frozen

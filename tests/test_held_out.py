@@ -23,7 +23,8 @@ def rendered(rollout: AgentRollout, seeds: np.ndarray, *, held_out: bool) -> lis
 
 
 @pytest.mark.parametrize("config", ["sokoban", "frozenlake", "mixed", "countdown", "sudoku",
-                                    "game2048", "rubikscube", "metamathqa", "search"])
+                                    "game2048", "rubikscube", "metamathqa", "search",
+                                    "deepcoder"])
 def test_prior_data_and_training_stream_hold_out_every_validation_level(config, tmp_path, monkeypatch):
     steps = 100
     run = load_config([
@@ -65,8 +66,9 @@ def test_prior_data_and_training_stream_hold_out_every_validation_level(config, 
     held = set(trainer.held_out.tolist())
     assert held and not held & set(played_ids)
     # Generators that repeat levels often (the cube: 1,016 depth-3 scrambles; the QA presets'
-    # samples: 26 and 6 questions).
-    small = config in ("sokoban", "frozenlake", "mixed", "rubikscube", "metamathqa", "search")
+    # samples: 26, 6 and 16 problems).
+    small = config in ("sokoban", "frozenlake", "mixed", "rubikscube", "metamathqa", "search",
+                       "deepcoder")
     if small:
         assert "redrawn:True" in played  # some data seeds met a validation level and were redrawn
 

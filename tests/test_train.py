@@ -748,21 +748,25 @@ def test_game2048_and_cube_presets_train_two_steps(env, tmp_path):
     assert f"val-env/{tag}/success" in metrics[2]
 
 
-def test_metamathqa_preset_trains_two_steps_with_retries(tmp_path):
-    """configs/metamathqa.py on the micro model and our 26-question sample: two updates with
-    finite losses, up to three answers per question (RAGEN's retries). (Its validation is held
-    out: tests/test_held_out.py.)"""
-    summary = _run(micro_config(tmp_path, steps=2, env="metamathqa", extra=(
-        "--config.rollout.response_length=16", "--config.trainer.val_before_train=False",
+@pytest.mark.parametrize("env,tag,max_turns,length", [("metamathqa", "MetamathQA", 3, 16),
+                                                      ("deepcoder", "DeepCoder", 1, 32)])
+def test_data_env_presets_train_two_steps(tmp_path, env, tag, max_turns, length):
+    """configs/metamathqa.py (our 26-question sample; up to three answers per question,
+    RAGEN's retries) and configs/deepcoder.py (our 16-problem sample; one program each, run in
+    the sandbox inside the env's worker processes: the format warm-start's and any the model
+    writes) on the micro model: two updates with finite losses, no env errors. (Their
+    validation is held out: tests/test_held_out.py.)"""
+    summary = _run(micro_config(tmp_path, steps=2, env=env, extra=(
+        f"--config.rollout.response_length={length}", "--config.trainer.val_before_train=False",
         "--config.diagnostics.compute_freq=0")))
     assert summary["step"] == 2
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
     for step in (1, 2):
         m = metrics[step]
-        for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "train/MetamathQA/success"):
+        for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", f"train/{tag}/success"):
             assert np.isfinite(m[key]), key
-        assert 1.0 <= m["train/MetamathQA/num_turns"] <= 3.0
-    assert "val-env/MetamathQA/success" in metrics[2]
+        assert 1.0 <= m[f"train/{tag}/num_turns"] <= max_turns and m["rollout/env_errors"] == 0
+    assert f"val-env/{tag}/success" in metrics[2]
 
 
 @pytest.mark.timeout(600)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import random
 from pathlib import Path
 from typing import Any
 
@@ -67,3 +68,9 @@ def require(row: Any, fields: tuple[str, ...], where: str) -> dict[str, Any]:
         if row.get(field) is None:
             raise ValueError(f"{where}: no '{field}' (need {', '.join(map(repr, fields))})")
     return row
+
+
+def row_for_seed(seed: int, rows: int) -> int:
+    """The row RAGEN's data envs pick for ``seed`` (its ``all_seed(seed)`` then
+    ``random.randint(0, rows - 1)``), so a file in the same row order plays the same rows."""
+    return random.Random(seed).randint(0, rows - 1)

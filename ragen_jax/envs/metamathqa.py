@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import random
 import re
 from typing import Any
 
 import numpy as np
 
-from ragen_jax.envs.datafile import read_rows, require
+from ragen_jax.envs.datafile import read_rows, require, row_for_seed
 from ragen_jax.envs.host import HostEnv
 
 INSTRUCTION = "You are solving Math problems. "  # RAGEN's env_instruction of the MetamathQA tag
@@ -81,11 +80,6 @@ def load_problems(path: str | os.PathLike) -> tuple[Problem, ...]:
             raise ValueError(f"{os.fspath(path)} row {n}: 'query' and 'response' must be strings")
         problems.append(Problem(row["query"], extract_answer(row["response"])))
     return tuple(problems)
-
-
-def row_for_seed(seed: int, rows: int) -> int:
-    """The row RAGEN's reset picks for ``seed`` (``random.seed(seed); random.randint``)."""
-    return random.Random(seed).randint(0, rows - 1)
 
 
 class MetaMathQA(HostEnv):

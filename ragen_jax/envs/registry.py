@@ -23,6 +23,7 @@ from typing import Any
 from ragen_jax.envs.bandit import Bandit
 from ragen_jax.envs.base import TextEnv
 from ragen_jax.envs.countdown import Countdown
+from ragen_jax.envs.deepcoder import DeepCoder
 from ragen_jax.envs.frozenlake import FrozenLake
 from ragen_jax.envs.game2048 import Game2048
 from ragen_jax.envs.gem_env import GemEnv
@@ -44,6 +45,7 @@ REGISTRY: dict[str, type[TextEnv] | Callable[..., HostEnv]] = {
     "rubikscube": RubiksCube,
     "metamathqa": MetaMathQA,
     "search": Search,
+    "deepcoder": DeepCoder,
     "gem": GemEnv,
     "remote": RemoteEnv,  # an env served by ``python -m ragen_jax.envs.serve``
 }

@@ -108,6 +108,7 @@ class RolloutConfig:
     turn_template: str = ""  # per-turn user text ({turn} {state} {warning} {actions_left} {format} {max_tokens}); "" = RAGEN's
     system_template: str = ""  # the system message ({instruction} {legend} {actions} {max_actions_per_turn}); "" = RAGEN's (prefix, instruction, legend, actions)
     max_tokens_hint: int = 0  # the prompt's {max_tokens} ("Max response length"); 0 = response_length (RAGEN's max_tokens)
+    max_answer_chars: int = 256  # an <answer> longer than this is a format error (keeps a runaway answer out of the env); code envs raise it
     use_turn_scores: bool = False  # each turn's score on its last token (bi-level GAE)
     train_seed: int = 10000  # first training group seed (RAGEN: 10000)
     val_seed: int = 123  # first validation group seed (RAGEN: 123)
@@ -125,7 +126,7 @@ class RolloutConfig:
     def __post_init__(self):
         for name in ("env_groups", "group_size", "max_turn", "max_actions_per_traj",
                      "max_actions_per_turn", "response_length", "max_model_len", "val_groups",
-                     "val_group_size", "pad_multiple"):
+                     "val_group_size", "pad_multiple", "max_answer_chars"):
             self._require(name, getattr(self, name) >= 1, ">= 1")
         for name in ("temperature", "val_temperature", "top_k", "max_tokens_hint", "cache_multiple"):
             self._require(name, getattr(self, name) >= 0, ">= 0")
@@ -154,7 +155,7 @@ class RolloutConfig:
         ``max_tokens_hint`` is set)."""
         return ContextConfig(
             enable_think=self.enable_think, max_actions_per_turn=self.max_actions_per_turn,
-            format_penalty=self.format_penalty,
+            format_penalty=self.format_penalty, max_answer_chars=self.max_answer_chars,
             max_tokens_hint=self.max_tokens_hint or self.response_length, system_template=self.system_template,
             **({"turn_template": self.turn_template} if self.turn_template else {}))
 
