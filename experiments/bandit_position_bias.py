@@ -1,0 +1,89 @@
+"""Does a Bandit policy choose by the arms' names or by their order? Reads a run's validation
+trajectories (``<run>/trajectories/val_stepNNNNN.jsonl``) and prints, per validation step and
+tag: success, the share of answers naming the first-displayed arm, the share of levels whose
+high-risk arm is displayed first (the success of "always answer the first arm"), and success
+on the levels in each order.
+
+A policy that reads the names succeeds in both orders; one that collapsed to a position
+succeeds on one order only, and its success equals that order's share of the levels whatever
+it learned about the names.
+
+    python experiments/bandit_position_bias.py RUN_DIR [RUN_DIR ...] [--out FILE.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+from ragen_jax.envs.bandit import ALL_PAIRS
+
+_ARMS = re.compile(r"The arms are (\w+) and (\w+)\.")
+_HIGH = {hi for _, hi in ALL_PAIRS}  # each pair is (low-risk, high-risk)
+
+
+def episode_row(trajectory: dict) -> tuple[str, bool, bool | None, bool] | None:
+    """(tag, success, answered the first arm (None: neither name), high-risk arm first) of one
+    validation episode; None for an episode without a turn."""
+    turns = trajectory.get("turns") or []
+    if not turns:
+        return None
+    m = _ARMS.search(turns[0].get("state", ""))
+    if m is None:
+        return None
+    first, second = m.group(1), m.group(2)
+    answer = str(turns[0].get("answer", "")).strip().lower()
+    picked = True if answer == first.lower() else False if answer == second.lower() else None
+    return trajectory.get("tag", ""), bool(trajectory.get("success")), picked, first in _HIGH
+
+
+def summarise(path: Path) -> dict[str, dict[str, float]]:
+    """Per tag: episodes, success, first-arm answers, high-risk-first levels, success by order."""
+    rows = [r for line in path.read_text().splitlines() if line.strip()
+            if (r := episode_row(json.loads(line))) is not None]
+    out = {}
+    for tag in sorted({r[0] for r in rows}):
+        mine = [r for r in rows if r[0] == tag]
+        hi_first = [r for r in mine if r[3]]
+        lo_first = [r for r in mine if not r[3]]
+        mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
+        out[tag] = {
+            "episodes": len(mine),
+            "success": mean([r[1] for r in mine]),
+            "first_arm": mean([r[2] is True for r in mine]),
+            "high_first": mean([r[3] for r in mine]),
+            "success_high_first": mean([r[1] for r in hi_first]),
+            "success_low_first": mean([r[1] for r in lo_first]),
+        }
+    return out
+
+
+def table(runs: list[Path]) -> str:
+    lines = ["| run | step | tag | episodes | success | answers naming the first arm | levels with "
+             "the high-risk arm first | success when it is first | when it is second |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for run in runs:
+        for path in sorted((run / "trajectories").glob("val_step*.jsonl")):
+            step = int(path.stem.removeprefix("val_step"))
+            for tag, s in summarise(path).items():
+                lines.append(f"| {run.name} | {step} | {tag} | {s['episodes']} | {s['success']:.3f} | "
+                             f"{s['first_arm']:.3f} | {s['high_first']:.3f} | "
+                             f"{s['success_high_first']:.3f} | {s['success_low_first']:.3f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    text = table(args.runs)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
