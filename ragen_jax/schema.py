@@ -7,7 +7,7 @@ one-line comment that is the user documentation. ``configs/base.py`` builds the
 (``to_config_dict``); the library reads a ConfigDict back into a ``RunConfig``
 (``from_config_dict``), which checks every field's type, and ``resolve`` turns it into the
 settings the pieces consume, computing each derived value in one place (``Resolved``, which
-``describe`` prints at the start of a run). ``config_for_print`` is the config as a run
+``describe`` writes to the run folder's ``settings.txt``). ``config_for_print`` is the config as a run
 prints it, without the settings that do not apply to it.
 
 Sections whose settings belong to one library module live there: ``config.rollout`` is
@@ -660,7 +660,7 @@ class Resolved:
     rollout: RolloutConfig
     step: StepSettings  # the update's settings: roles, optimizers, advantages
     output_dir: Path
-    notes: tuple[str, ...]  # one line per derived value, for the start-of-run printout
+    notes: tuple[str, ...]  # one line per derived value (settings.txt; run_summary prints those that change a field)
     reward_norm: tuple[str, str] = ("state", "identity")  # (grouping, method), starpo.normalization
     envs: tuple[MixEntry, ...] = ()  # every env of the run with its groups (env_specs)
 
@@ -763,5 +763,5 @@ def micro_batch_warning(step: StepSettings, devices: int) -> str | None:
 
 
 def describe(resolved: Resolved) -> str:
-    """The derived settings, one per line (printed at the start of a run)."""
+    """The derived settings, one per line (the run folder's ``settings.txt``)."""
     return "derived settings:\n" + "\n".join(f"  {line}" for line in resolved.notes)
