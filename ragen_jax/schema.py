@@ -7,8 +7,8 @@ one-line comment that is the user documentation. ``configs/base.py`` builds the
 (``to_config_dict``); the library reads a ConfigDict back into a ``RunConfig``
 (``from_config_dict``), which checks every field's type, and ``resolve`` turns it into the
 settings the pieces consume, computing each derived value in one place (``Resolved``, which
-``describe`` writes to the run folder's ``settings.txt``). ``config_for_print`` is the config as a run
-prints it, without the settings that do not apply to it.
+``describe`` writes to the run folder's ``settings.txt``). ``config_for_print`` is the config
+as ``launch.py --print_config`` prints it, without the settings that do not apply to it.
 
 Sections whose settings belong to one library module live there: ``config.rollout`` is
 ``rollout.RolloutConfig``, ``config.filter`` is ``starpo.filtering.FilterConfig``.
