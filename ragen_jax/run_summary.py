@@ -26,17 +26,13 @@ def _n(count: int, word: str) -> str:
     return f"{count} {word}" + ("" if count == 1 else "s")
 
 
-def _model_line(plan: Resolved, backend: str) -> str:
+def _model_line(plan: Resolved) -> str:
     m = plan.run.model
     if m.path:
         what = Path(m.path).name or m.path
     else:
         what = f"tiny random model ({m.num_hidden_layers} layers, width {m.hidden_size})"
-    training = f"LoRA rank {m.lora_rank}" if m.lora_rank else "full fine-tuning"
-    dtype, line = compute_dtype(m, backend)
-    on = "XLA:CPU" if backend == "cpu" else backend
-    slow = " (slow on XLA:CPU: model.dtype=auto takes float32)" if "slow there" in line else ""
-    return f"{what}, {training}, {dtype} on {on}{slow}"
+    return f"{what}, " + (f"LoRA rank {m.lora_rank}" if m.lora_rank else "full fine-tuning")
 
 
 def _env_line(plan: Resolved) -> str:
@@ -79,7 +75,9 @@ def start_summary(plan: Resolved, devices: list[Any], processes: int = 1,
     a = run.algorithm
     rows = [
         ("env", _env_line(plan)),
-        ("model", _model_line(plan, backend)),
+        ("model", _model_line(plan)),
+        # which dtype ``auto`` took on this backend, and why (before the model is built in it)
+        ("compute", compute_dtype(run.model, backend)[1].removeprefix("compute dtype: ")),
         ("algorithm", f"{a.adv_estimator}, lr {run.actor.lr:g}, filter {run.filter.strategy} "
                       f"{run.filter.value:g} by {run.filter.metric}"),
         ("steps", f"{_n(tr.total_steps, 'training step')}; validation on {_n(val, 'episode')} "

@@ -57,4 +57,5 @@ def test_start_summary_is_short_and_says_where_things_go(tmp_path):
     assert any(str(tmp_path) in line for line in lines)
     assert any("config.json" in line and "--print_config" in line for line in lines)
     assert any("gae" in line for line in lines)
+    assert "  compute      float32 (model.dtype=float32, on XLA:CPU)" in lines
 
