@@ -6,9 +6,11 @@
     python launch.py --config configs/sokoban.py --config.algorithm.adv_estimator=gae --config.trainer.total_steps=50
 
 Any field of the run config (``ragen_jax/schema.py`` lists and documents them) can be
-overridden with ``--config.<a>.<b>=value``; an unknown or ill-typed field is a one-line error naming it. The resolved config is printed and
-saved as ``<output_dir>/config.json``; rerunning the same command resumes from the last
-checkpoint there. The environment demo moved to ``python -m ragen_jax.envs.demo``.
+overridden with ``--config.<a>.<b>=value``; an unknown or ill-typed field is a one-line
+error naming it. A run prints a short summary; the resolved config is saved as
+``<output_dir>/config.json`` and the derived settings as ``<output_dir>/settings.txt``
+(``--print_config`` also prints both). Rerunning the same command resumes from the last
+checkpoint there. The environment demo is ``python -m ragen_jax.envs.demo``.
 """
 
 from __future__ import annotations
@@ -18,12 +20,15 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
+PRINT_CONFIG = "--print_config"  # print the whole resolved config and derived settings first
 sys.path.insert(0, str(ROOT))  # so config files can `from configs import base`
 
 
 def main(argv: list[str]) -> None:
     from ragen_jax.config import load_config, use_run_snapshot
 
+    print_config = PRINT_CONFIG in argv
+    argv = [a for a in argv if a != PRINT_CONFIG]
     try:
         config = load_config(argv[1:], prog="launch.py", default=str(ROOT / "configs/sokoban.py"))
         config = use_run_snapshot(config)  # resuming a run whose model folder has moved
@@ -41,8 +46,11 @@ def main(argv: list[str]) -> None:
     from ragen_jax.checkpoint import CheckpointSaveError
     from ragen_jax.models import CheckpointError
 
-    if jax.process_index() == 0:
+    if print_config and jax.process_index() == 0:
+        from ragen_jax.run_summary import full_settings
+
         print(schema.config_for_print(run_config), flush=True)
+        print(full_settings(schema.resolve(run_config), jax.default_backend()), flush=True)
     try:
         summary = train.run(run_config)
     except (schema.ConfigError, CheckpointError, CheckpointSaveError, FileNotFoundError) as e:

@@ -1,7 +1,7 @@
 """Sokoban (RAGEN's ``SimpleSokoban``: 6x6, one box, 10 actions over at most 5 turns).
 
 ``python launch.py --config configs/sokoban.py[:preset]``. A random tiny model starts from a
-solver-mixture prior (``base.solver_mixture_prior``; README, "Starting policy").
+solver-mixture prior (``base.solver_mixture_prior``; docs/models.md, "Starting policy").
 """
 
 from configs import base
@@ -29,23 +29,17 @@ def get_config(preset: str = "tiny"):
         c.rollout.context_window = "limited"
         c.rollout.window_turns = 1
         c.algorithm.sample_unit = "turn"
-        # RAGEN's batch: 8 levels x 16 episodes a step (the tiny presets' 8 x 8 otherwise).
-        # Measured on 2 cores, 3 seeds, 20 minutes each (experiments/results/learning_curves.md):
-        # +14.7 points [+12.5, +16.8] against +12.8 [+4.7, +18.4] with 8 x 8, whose seed 0
-        # drifted to one move a turn and stalled (a rerun of seed 0 here with 8 update passes
-        # instead of 4, not bit-equal, stalled as well: that seed's path is fragile either way).
+        # RAGEN's batch: 8 levels x 16 episodes a step (the tiny presets' 8 x 8 otherwise):
+        # more episodes a level steady the group baseline (docs/results.md, "Preset choices").
         c.rollout.group_size = 16
         # RAGEN's four optimizer steps a rollout: the batch's turn rows (at most 8 x 16 x 5)
-        # in four mini-batches. Measured, 3 seeds, 200 steps each: +16.0 points [+8.2, +21.1]
-        # against +14.7 and +12.9 for the same seeds in one mini-batch, at the same step cost.
+        # in four mini-batches, which gained more than one at the same step cost.
         c.actor.ppo_mini_batch_size = c.rollout.env_groups * c.rollout.group_size * c.rollout.max_turn // 4
-        # A turn row is ~65 tokens after the shared system line: cut rows at a multiple of 16
-        # (width 80, not 128). Exact; measured: the update 1.3 s a step against 2.2 s.
+        # A turn row is ~65 tokens after the shared system line: cutting rows at a multiple of
+        # 16 (width 80, not 128) is exact and makes the update ~40% cheaper.
         c.actor.pad_multiple = 16
-        # A constant lr 3e-4 collapsed runs past ~350 steps (3 seeds of 1000: entropy 0.22 ->
-        # 0.07 after one large gradient, validation back to the start); decayed to 0 at the
-        # end, no seed collapsed. 200 steps take about 16 minutes alone on 2 cores (17-20 before
-        # actor.long_rows_apart; a 250-step cosine in the 20 minutes gained no more).
+        # Decayed to 0 at the end: a constant lr 3e-4 lets one large gradient collapse the
+        # policy on long runs (past ~350 steps). 200 steps: about 16 minutes on 2 cores.
         c.actor.lr_schedule = "cosine"
         c.trainer.total_steps = 200
     return c

@@ -37,7 +37,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from ragen_jax.progress import Phase
 
 SINKS = ("tensorboard", "jsonl", "wandb")
 NO_OP_SINKS = ("console",)
@@ -211,9 +220,12 @@ class MetricsLogger:
         self.sinks = list(sinks) if sinks is not None else [TensorBoardSink(self.out),
                                                            JsonlSink(self.out)]
         if progress:
-            self.progress = Progress(TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(),
-                                     TextColumn("{task.fields[info]}"), TimeElapsedColumn())
-            self.task = self.progress.add_task("train", total=total_steps, completed=start_step,
+            # One display for the training bar and the long phases' bars (``phase``): rich
+            # draws a single live display at a time.
+            self.progress = Progress(TextColumn("[bold]{task.description}"), MofNCompleteColumn(),
+                                     BarColumn(), TextColumn("{task.fields[info]}"),
+                                     TimeElapsedColumn(), TimeRemainingColumn())
+            self.task = self.progress.add_task("step", total=total_steps, completed=start_step,
                                                info="")
             self.progress.start()
 
@@ -228,11 +240,21 @@ class MetricsLogger:
         if self.progress is not None:
             self.progress.update(self.task, completed=step, info=info)
 
+    def phase(self, what: str, total: int | None, start_note: str = "", *,
+              lines: bool = True) -> Phase:
+        """A long phase's progress (``progress.Phase``): a bar above the training bar on a
+        terminal, else a few plain lines (none with ``lines=False``); silent where this
+        logger is disabled."""
+        loud = self.enabled and lines  # (a terminal's bar does not print lines)
+        return Phase(what, total, progress=self.progress,
+                     print_fn=self.print if loud else lambda _text: None, start_note=start_note)
+
     def print(self, text: str) -> None:
         if not self.enabled:
             return
         if self.progress is not None:
-            self.progress.console.print(text)
+            # Unwrapped: a log file's lines stay whole (rich wraps at 80 columns off a terminal).
+            self.progress.console.print(text, soft_wrap=True, markup=False)
         else:
             print(text, flush=True)
 

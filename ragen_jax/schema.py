@@ -7,8 +7,8 @@ one-line comment that is the user documentation. ``configs/base.py`` builds the
 (``to_config_dict``); the library reads a ConfigDict back into a ``RunConfig``
 (``from_config_dict``), which checks every field's type, and ``resolve`` turns it into the
 settings the pieces consume, computing each derived value in one place (``Resolved``, which
-``describe`` prints at the start of a run). ``config_for_print`` is the config as a run
-prints it, without the settings that do not apply to it.
+``describe`` writes to the run folder's ``settings.txt``). ``config_for_print`` is the config
+as ``launch.py --print_config`` prints it, without the settings that do not apply to it.
 
 Sections whose settings belong to one library module live there: ``config.rollout`` is
 ``rollout.RolloutConfig``, ``config.filter`` is ``starpo.filtering.FilterConfig``.
@@ -80,6 +80,9 @@ TINY_ONLY_FIELDS = ("hidden_size", "num_hidden_layers", "intermediate_size",
 
 @frozen
 class ModelConfig:
+    """The policy model (``config.model``): a Hugging Face folder or the tiny random model, its
+    dtypes, memory policy and LoRA."""
+
     path: str = ""  # local Hugging Face folder (Qwen2/Qwen2.5, Llama, Qwen3), or a .gguf file (converted once into a cached folder); "" = the tiny random model
     dtype: str = "float32"  # compute dtype of activations, matmuls and sampling: float32 | bfloat16 | auto (bfloat16 on GPU/TPU, float32 on XLA:CPU, where bf16 matmuls are ~10x slower)
     param_dtype: str = "float32"  # storage dtype of the trained weights and optimizer state (keep float32: bf16 AdamW updates round away)
@@ -180,6 +183,9 @@ class MixEntry:
 
 @frozen
 class EnvConfig:
+    """The environment (``config.env``): one registered env with its parameters, or several
+    (``mix``)."""
+
     name: str = "sokoban"  # registered env name (ragen_jax.envs.make)
     params: dict = dataclasses.field(default_factory=dict)  # env constructor / EnvParams fields, e.g. dim_room
     tag: str = ""  # metric tag; "" = the env class name (RAGEN's tag, e.g. "Sokoban")
@@ -207,6 +213,9 @@ class EnvConfig:
 
 @frozen
 class AlgorithmConfig:
+    """The RL algorithm (``config.algorithm``): advantage estimator, PPO clipping, KL and
+    entropy terms, reward normalisation."""
+
     adv_estimator: str = "gae"  # gae (PPO, critic) | grpo | drgrpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline (RAGEN: gae)
     gamma: float = 1.0  # GAE discount (RAGEN: 1)
     lam: float = 1.0  # GAE lambda (RAGEN: 1)
@@ -254,6 +263,8 @@ class AlgorithmConfig:
 
 @frozen
 class ActorConfig:
+    """The policy's optimizer and update batching (``config.actor``)."""
+
     lr: float = 1e-6  # AdamW learning rate (RAGEN: 1e-6)
     lr_schedule: str = "constant"  # constant | cosine, over trainer.total_steps training steps (RAGEN: constant)
     warmup_steps: int = 0  # linear learning-rate warmup, in training steps (RAGEN: 0)
@@ -278,6 +289,9 @@ class ActorConfig:
 
 @frozen
 class CriticConfig:
+    """The value model's optimizer (``config.critic``); used only by estimators that need
+    values (GAE)."""
+
     lr: float = 1e-5  # critic AdamW learning rate (RAGEN: 1e-5)
     weight_decay: float = 0.01  # critic AdamW weight decay (RAGEN: 0.01)
     value_clip: float = 0.5  # clipped value loss range (RAGEN: 0.5)
@@ -292,6 +306,10 @@ class CriticConfig:
 
 @frozen
 class WarmstartConfig:
+    """The supervised warm-start before RL (``config.warmstart``): scripted episodes that teach
+    the answer format (and, with ``solver_share``, a little of the task), so a tiny random
+    model starts from a policy that can act."""
+
     steps: int = 0  # supervised warm-start steps before RL (tiny presets: > 0)
     batch_size: int = 16  # trajectories per warm-start step
     lr: float = 1e-3  # warm-start learning rate
@@ -332,6 +350,8 @@ class WarmstartConfig:
 
 @frozen
 class SFTConfig:
+    """An optional SFT stage on chat transcripts before RL (``config.sft``)."""
+
     data: str = ""  # JSONL of chat trajectories ({"messages": [...]}) for an SFT stage
     steps: int = 0  # SFT optimizer steps (0 = off)
     batch_size: int = 8  # conversations per SFT step
@@ -344,6 +364,9 @@ class SFTConfig:
 
 @frozen
 class DiagnosticsConfig:
+    """The collapse diagnostics (``config.diagnostics``): RAGEN V2's mutual-information
+    estimates of whether answers still depend on their inputs."""
+
     compute_freq: int = 5  # collapse diagnostics every k steps, 0 = off (RAGEN: 5)
     num_samples: int = 64  # first-turn pairs: episodes scored under every group's prompt (RAGEN: 64)
     trajectory_samples: int = 64  # trajectory-uniform pairs, each its own input; 0 = off (RAGEN: 64)
@@ -360,6 +383,9 @@ class DiagnosticsConfig:
 
 @frozen
 class TrainerConfig:
+    """The run's loop (``config.trainer``): steps, validation, checkpoints, logging and early
+    stopping."""
+
     output_dir: str = ""  # run folder; "" = runs/<env>-<preset>
     total_steps: int = 200  # training steps (RAGEN: 200)
     test_freq: int = 10  # validate every k steps (RAGEN: 10)
@@ -381,6 +407,8 @@ class TrainerConfig:
 
 @frozen
 class MeshConfig:
+    """The device mesh (``config.mesh``): data, FSDP and tensor-parallel axes."""
+
     data: int = -1  # data-parallel axis (-1 = every remaining device)
     fsdp: int = 1  # parameter-sharding axis
     tensor: int = 1  # tensor-parallel axis
@@ -388,6 +416,8 @@ class MeshConfig:
 
 @frozen
 class DistributedConfig:
+    """A multi-process (multi-host) job (``config.distributed``)."""
+
     coordinator_address: str = ""  # "host:port" of process 0; "auto" (TPU pod, SLURM); "" = one process
     num_processes: int = 1  # processes in the job
     process_id: int = 0  # this process's index
@@ -630,7 +660,7 @@ class Resolved:
     rollout: RolloutConfig
     step: StepSettings  # the update's settings: roles, optimizers, advantages
     output_dir: Path
-    notes: tuple[str, ...]  # one line per derived value, for the start-of-run printout
+    notes: tuple[str, ...]  # one line per derived value (settings.txt; run_summary prints those that change a field)
     reward_norm: tuple[str, str] = ("state", "identity")  # (grouping, method), starpo.normalization
     envs: tuple[MixEntry, ...] = ()  # every env of the run with its groups (env_specs)
 
@@ -733,5 +763,5 @@ def micro_batch_warning(step: StepSettings, devices: int) -> str | None:
 
 
 def describe(resolved: Resolved) -> str:
-    """The derived settings, one per line (printed at the start of a run)."""
+    """The derived settings, one per line (the run folder's ``settings.txt``)."""
     return "derived settings:\n" + "\n".join(f"  {line}" for line in resolved.notes)

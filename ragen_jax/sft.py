@@ -21,7 +21,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -251,13 +251,16 @@ def _on_params_mesh(tree: Any, params: Any) -> Any:
 
 def train_sft(model: Any, data: dict[str, np.ndarray], *, steps: int, batch_size: int, lr: float,
               seed: int, trainable: Any = nnx.Param, log: Any = None,
-              share_prefix: bool = True) -> list[float]:
+              share_prefix: bool = True,
+              progress: Callable[[int, float], None] | None = None) -> list[float]:
     """``steps`` AdamW steps on random mini-batches of ``data``; updates ``model`` in place
     and returns the loss per step. ``trainable`` is the NNX filter of trained variables
     (``nnx.LoRAParam`` with adapters). With ``data["group_ids"]`` (rows of a group
     contiguous, equal sizes) mini-batches take whole groups: the warm-start's answers to one
     prompt then meet in one gradient, whose preference terms cancel; each group's common
-    first prompt then runs once per step (``starpo.rows.group_prefix_lengths``, exact)."""
+    first prompt then runs once per step (``starpo.rows.group_prefix_lengths``, exact).
+    ``progress(done, loss)`` is called after every step (a run's progress bar); without it,
+    ``log`` gets a line at each fifth of the steps."""
     graphdef, params, rest = nnx.split(model, trainable, ...)
     optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(lr, weight_decay=0.0))
     opt_state = _on_params_mesh(optimizer.init(params), params)
@@ -294,7 +297,9 @@ def train_sft(model: Any, data: dict[str, np.ndarray], *, steps: int, batch_size
             prefixes = Prefixes(jnp.asarray(table[0][picked]), jnp.asarray(table[1][picked]))
         params, opt_state, loss = step(params, opt_state, batch, prefixes)
         losses.append(float(loss))
-        if log is not None and (i + 1) % max(steps // 5, 1) == 0:
+        if progress is not None:
+            progress(i + 1, losses[-1])
+        elif log is not None and (i + 1) % max(steps // 5, 1) == 0:
             log(f"sft step {i + 1}/{steps}: loss {losses[-1]:.4f}")
     nnx.update(model, params)
     return losses

@@ -39,6 +39,7 @@ from ragen_jax.envs import make
 from ragen_jax.host_memory import return_large_frees_to_os
 from ragen_jax.metrics import MetricsLogger, device_memory, make_sinks
 from ragen_jax.models import compute_copy, hf_folder
+from ragen_jax.progress import Phase
 from ragen_jax.rollout.agent import AgentRollout, RolloutBatch, RolloutConfig
 from ragen_jax.rollout.batch import padding_fraction
 from ragen_jax.rollout.mix import (
@@ -49,11 +50,10 @@ from ragen_jax.rollout.mix import (
     validation_levels,
 )
 from ragen_jax.rollout.sampler import Sampler
+from ragen_jax.run_summary import SETTINGS_FILE, full_settings, start_summary
 from ragen_jax.schema import (
     ConfigError,
     RunConfig,
-    compute_dtype,
-    describe,
     from_config_dict,
     micro_batch_warning,
     resolve,
@@ -135,6 +135,7 @@ class Trainer:
         self.streaks = Streaks()
         self.warmstart_loaded_from: Path | None = None  # the cache folder, when it was read
         self.step = 0
+        self._compiled: set[str] = set()  # phases that ran once in this process
         self.logger: MetricsLogger | None = None
         self._stop_signal: int | None = None
 
@@ -256,11 +257,13 @@ class Trainer:
         from ragen_jax import sft
 
         run, out = self.run, {}
-        fit = dict(seed=run.seed, trainable=trained(run.model), log=self.log)
+        fit = dict(seed=run.seed, trainable=trained(run.model))
         if run.sft.steps:
             data = sft.conversation_data(run.sft.data, self.tokenizer, max_len=run.rollout.max_model_len)
-            losses = sft.train_sft(self.actor, data, steps=run.sft.steps, batch_size=run.sft.batch_size,
-                                   lr=run.sft.lr, **fit)
+            with self._phase("SFT on " + Path(run.sft.data).name, run.sft.steps,
+                             _STEPS_NOTE.format(run.sft.steps)) as phase:
+                losses = sft.train_sft(self.actor, data, steps=run.sft.steps, batch_size=run.sft.batch_size,
+                                       lr=run.sft.lr, progress=_loss_progress(phase), **fit)
             out["sft/loss_first"], out["sft/loss_last"] = losses[0], losses[-1]
         w = run.warmstart
         if w.steps or w.turn_steps:
@@ -275,6 +278,9 @@ class Trainer:
                 self.log(f"warm-start loaded from {folder}")
                 out |= meta  # the metrics of the build, so a run's step 0 reads the same
             else:
+                if folder is not None:
+                    self.log(f"building the warm-start prior (once for this config, then cached "
+                             f"under {folder.parent})")
                 out |= self._warmstart_sft(w, seed, fit | {"seed": seed})
                 if folder is not None and self.is_main:
                     sft.save_params(self.actor, folder, out)
@@ -324,6 +330,9 @@ class Trainer:
         slots = [s for s in self.slots if s.groups]
         total = sum(s.groups for s in slots)
         parts, stats, turns = [], [], []
+        episodes = w.episodes + (w.turn_episodes if w.own_turn_data else 0)
+        data_phase = self._phase("warm-start data", None,
+                                 f"playing ~{episodes} scripted episodes")
         for slot in slots:
             share = lambda n, groups=slot.groups: max(1, round(n * groups / total))  # noqa: E731  (this env's part of n episodes)
             stats.append({})
@@ -340,6 +349,7 @@ class Trainer:
                                observation_rows=turns[-1], system_rows=w.turn_system_prompt)
                 if w.turn_system_prompt:
                     turns[-1] |= shared_prefix_batches(turns[-1], w.turn_batch_size, seed)
+        data_phase.close()
         rows = np.array([p["input_ids"].shape[0] for p in parts], np.float64)
         out = {}
         for name, key in (("action_is_effective", "action_is_effective"), ("data_success", "success")):
@@ -350,14 +360,27 @@ class Trainer:
                 out |= {f"warmstart/{slot.tag}/{name}": float(v) for slot, v in zip(slots, values, strict=True)}
         pad_id = self.tokenizer.pad_token_id or 0
         if w.turn_steps:  # single-turn observation rows first (sft.turn_observation_rows)
-            losses = train_sft(self.actor, concat_data(turns, pad_id=pad_id), steps=w.turn_steps,
-                               batch_size=w.turn_batch_size, lr=w.lr, **fit)
+            with self._phase("warm-start, single turns", w.turn_steps,
+                             _STEPS_NOTE.format(w.turn_steps)) as phase:
+                losses = train_sft(self.actor, concat_data(turns, pad_id=pad_id), steps=w.turn_steps,
+                                   batch_size=w.turn_batch_size, lr=w.lr,
+                                   progress=_loss_progress(phase), **fit)
             out |= {"warmstart/turn_loss_first": losses[0], "warmstart/turn_loss_last": losses[-1]}
         if w.steps:
-            losses = train_sft(self.actor, concat_data(parts, pad_id=pad_id), steps=w.steps,
-                               batch_size=w.batch_size, lr=w.lr, **fit)
+            with self._phase("warm-start", w.steps, _STEPS_NOTE.format(w.steps)) as phase:
+                losses = train_sft(self.actor, concat_data(parts, pad_id=pad_id), steps=w.steps,
+                                   batch_size=w.batch_size, lr=w.lr,
+                                   progress=_loss_progress(phase), **fit)
             out |= {"warmstart/loss_first": losses[0], "warmstart/loss_last": losses[-1]}
         return out
+
+    def _phase(self, what: str, total: int | None, start_note: str = "", *,
+               lines: bool = True) -> Phase:
+        """A long phase's progress on the run's display (silent before ``train`` made it);
+        ``lines=False``: a bar on a terminal only, no plain lines."""
+        if self.logger is None:
+            return Phase(what, total, print_fn=lambda _text: None, start_note=start_note)
+        return self.logger.phase(what, total, start_note, lines=lines)
 
     def _init_state(self) -> None:
         """The step-0 ``TrainState`` of the actor as it is now, and the update for it."""
@@ -399,7 +422,13 @@ class Trainer:
             self.logger.print(text)
 
     def _validate_and_record(self, metrics: dict[str, float]) -> None:
-        with _timed(metrics, "val"):
+        episodes = sum(s.val_groups for s in self.slots) * self.run.rollout.val_group_size
+        first = "val" not in self._compiled  # its sampler shapes compile: say so in a log too
+        self._compiled.add("val")
+        with _timed(metrics, "val"), self._phase(
+                f"validation at step {self.step}", None,
+                f"{episodes} episodes" + (" (compiling the sampler first)" if first else ""),
+                lines=first):
             val_metrics, batch = self.validate()
         metrics |= val_metrics
         self.log(_val_line(self.step, val_metrics))
@@ -466,7 +495,7 @@ class Trainer:
         summary: dict[str, Any] = {"output_dir": str(self.out)}
         try:
             summary |= self._start()
-            self.logger.advance(self.step, "")
+            self.logger.advance(self.step, "rollout, update (the first step compiles)")
             stop = None
             while self.step < tr.total_steps and self._stop_signal is None and stop is None:
                 started = time.perf_counter()
@@ -525,6 +554,14 @@ def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
     timings[f"timing_s/{name}"] = time.perf_counter() - t0
 
 
+_STEPS_NOTE = "{} supervised steps (the first one compiles)"
+
+
+def _loss_progress(phase: Phase) -> Callable[[int, float], None]:
+    """``train_sft``'s ``progress`` callback: each step's loss on ``phase``."""
+    return lambda done, loss: phase.update(done, f"loss {loss:.4f}")
+
+
 def _val_line(step: int, vm: dict[str, float]) -> str:
     parts = []
     for k, v in vm.items():
@@ -553,8 +590,8 @@ def run(config: ConfigDict | RunConfig, **kw: Any) -> dict[str, Any]:
     run_config = config
     return_large_frees_to_os()  # before the weights arrive: see host_memory.py
     dist.initialize(run_config.distributed)  # a no-op if launch.py already did it
-    if jax.process_index() == 0:  # before the model is built: which dtype it is built in
-        print(compute_dtype(run_config.model)[1], flush=True)
+    if jax.process_index() == 0:  # before the model is built: what runs, where it goes
+        print(start_summary(resolve(run_config), jax.devices(), jax.process_count()), flush=True)
     trainer = Trainer(run_config, **kw)
     if trainer.is_main:
         trainer.out.mkdir(parents=True, exist_ok=True)
@@ -562,7 +599,7 @@ def run(config: ConfigDict | RunConfig, **kw: Any) -> dict[str, Any]:
             hf_folder.snapshot(run_config.model.path, trainer.out / "model")
         (trainer.out / "config.json").write_text(
             to_config_dict(run_config).to_json_best_effort(indent=2) + "\n")
-        print(describe(trainer.plan), flush=True)
+        (trainer.out / SETTINGS_FILE).write_text(full_settings(trainer.plan, jax.default_backend()))
     try:
         return trainer.train()
     except jax.errors.JaxRuntimeError as e:

@@ -280,11 +280,11 @@ def test_resume_frees_the_step_zero_state_before_reading_the_checkpoint(referenc
 def test_an_untrained_start_saves_no_step_zero_checkpoint(tmp_path, capsys):
     """Step 0 is checkpointed only after a warm-start: a pretrained start is rebuilt from the
     config, and a 1.5B run's checkpoint (weights, critic, AdamW moments) is ~37 GB of disk.
-    The run's first line says the compute dtype ``auto`` took here, and why."""
+    The run's start summary says the compute dtype ``auto`` took here, and why."""
     summary = _run(micro_config(tmp_path, steps=2, extra=("--config.warmstart.steps=0",
                                                           "--config.model.dtype=auto")))
     assert summary["step"] == 2
-    assert capsys.readouterr().out.startswith("compute dtype: float32 (model.dtype=auto, on XLA:CPU")
+    assert "\n  compute      float32 (model.dtype=auto, on XLA:CPU" in capsys.readouterr().out
     assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == [2]
 
 

@@ -47,14 +47,14 @@ class FilterConfig:
     everything (RAGEN's base config); StarPO-S in the V1 paper is
     ``strategy="top_k", value=0.25`` (keep the quarter of groups with the highest std)."""
 
-    strategy: str = "top_p"
-    value: float = 1.0
-    filter_type: str = "largest"  # or "smallest"
+    strategy: str = "top_p"  # top_p (groups until their metrics sum to value x the total) | top_k (a value share of the groups) | top_k_abs (value groups) | min_p (groups whose metric is at least value x the best) (RAGEN: top_p)
+    value: float = 1.0  # the strategy's parameter; top_p 1.0 keeps every group (RAGEN: 1; StarPO-S: top_k 0.25)
+    filter_type: str = "largest"  # keep the groups of the largest metric | smallest
     metric: str = "reward_variance"  # reward_variance (score std) | reward | reward_sum | length | entropy | entropy_variance
-    include_zero: bool = True
-    top_p_prob_mode: str = "linear"  # or "softmax"
-    selection_eps: float = 0.01
-    loss_scaling: str = "none"  # "linear" or "sqrt": scale kept samples' advantages by the kept ratio
+    include_zero: bool = True  # False: groups whose metric is zero are dropped before the strategy runs (RAGEN: True)
+    top_p_prob_mode: str = "linear"  # top_p's weights: linear (the metric itself) | softmax (of the metric)
+    selection_eps: float = 0.01  # top_p: slack subtracted from the threshold, so a float sum that just reaches it counts (RAGEN: 0.01)
+    loss_scaling: str = "none"  # none | linear | sqrt: scale the kept samples' advantages by the kept ratio (or its square root)
 
     def __post_init__(self):
         for field, allowed in (("strategy", STRATEGIES), ("metric", METRICS),

@@ -1,0 +1,102 @@
+"""The few lines a run prints when it starts, and the full settings it writes beside them.
+
+A run's start says what will happen (env, model, algorithm, steps, devices) and where
+everything goes, in about ten lines; the whole config (``config.json``) and the derived
+settings (``settings.txt``, ``schema.describe``) are files of the run folder, printed in full
+only on request (``launch.py --print_config``), because two hundred lines of YAML before
+anything happens hide the lines that matter.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from ragen_jax.schema import Resolved, compute_dtype, describe
+
+SETTINGS_FILE = "settings.txt"  # the run folder's derived settings (schema.describe)
+# A derived note that changes a value the config gave ("algorithm.loss_agg_mode = ..."): the
+# one kind of note a run prints at its start, since the run then differs from the file.
+_CHANGED_FIELD = re.compile(r"^\w+\.\w+ = ")
+
+
+def _n(count: int, word: str) -> str:
+    """``count word`` with the plural ``s`` when it is not 1."""
+    return f"{count} {word}" + ("" if count == 1 else "s")
+
+
+def _model_line(plan: Resolved) -> str:
+    m = plan.run.model
+    if m.path:
+        what = Path(m.path).name or m.path
+    else:
+        what = f"tiny random model ({m.num_hidden_layers} layers, width {m.hidden_size})"
+    return f"{what}, " + (f"LoRA rank {m.lora_rank}" if m.lora_rank else "full fine-tuning")
+
+
+def _env_line(plan: Resolved) -> str:
+    r = plan.rollout
+    trained = [e.tag or e.name for e in plan.envs if e.groups]
+    held = [e.tag or e.name for e in plan.envs if not e.groups]
+    line = (f"{', '.join(trained)}: {r.env_groups} groups x {r.group_size} = "
+            f"{_n(r.env_groups * r.group_size, 'episode')} a step, up to {_n(r.max_turn, 'turn')} each")
+    return line + (f"; validation only: {', '.join(held)}" if held else "")
+
+
+def _prior_line(plan: Resolved) -> str | None:
+    run = plan.run
+    w, parts = run.warmstart, []
+    if run.sft.steps:
+        parts.append(f"SFT {run.sft.steps} steps on {run.sft.data}")
+    if w.steps or w.turn_steps:
+        steps = w.steps + w.turn_steps
+        cached = not run.model.path and not run.model.lora_rank and w.cache
+        parts.append(f"warm-start {steps} supervised steps on ~{w.episodes} scripted episodes"
+                     + (" (built on first use, then cached)" if cached else ""))
+    return "; ".join(parts) or None
+
+
+def _devices_line(devices: list[Any], processes: int, mesh: Any) -> str:
+    platform = devices[0].platform if devices else "?"
+    data = mesh.data if mesh.data > 0 else max(1, len(devices) // (mesh.fsdp * mesh.tensor))
+    return (f"{_n(len(devices), platform + ' device')}, "
+            f"{processes} process{'' if processes == 1 else 'es'}; mesh data {data} x "
+            f"fsdp {mesh.fsdp} x tensor {mesh.tensor}")
+
+
+def start_summary(plan: Resolved, devices: list[Any], processes: int = 1,
+                  backend: str | None = None) -> str:
+    """The run's start, about ten lines: what trains on what, where it goes, and the derived
+    notes that change a configured value. ``devices``: ``jax.devices()``."""
+    run, tr = plan.run, plan.run.trainer
+    backend = backend or (devices[0].platform if devices else "cpu")
+    val = sum(e.val_groups for e in plan.envs) * plan.rollout.val_group_size
+    a = run.algorithm
+    rows = [
+        ("env", _env_line(plan)),
+        ("model", _model_line(plan)),
+        # which dtype ``auto`` took on this backend, and why (before the model is built in it)
+        ("compute", compute_dtype(run.model, backend)[1].removeprefix("compute dtype: ")),
+        ("algorithm", f"{a.adv_estimator}, lr {run.actor.lr:g}, filter {run.filter.strategy} "
+                      f"{run.filter.value:g} by {run.filter.metric}"),
+        ("steps", f"{_n(tr.total_steps, 'training step')}; validation on {_n(val, 'episode')} "
+                  f"every {_n(tr.test_freq, 'step')}" + (" and at step 0" if tr.val_before_train else "")
+                  + f"; checkpoint every {tr.save_freq}"),
+        ("prior", _prior_line(plan)),
+        ("devices", _devices_line(devices, processes, run.mesh)),
+        ("run folder", f"{plan.output_dir}/ (rerun the same command to resume)"),
+        ("full config", f"{SETTINGS_FILE} and config.json there (launch.py --print_config "
+                        f"prints both)"),
+    ]
+    rows += [("note", n) for n in plan.notes if _CHANGED_FIELD.match(n)]
+    width = max(len(k) for k, v in rows if v)
+    lines = [f"ragen_jax: {run.env.name if not run.env.mix else 'env mix'}, preset {run.preset}"]
+    lines += [f"  {k:<{width}}  {v}" for k, v in rows if v]
+    return "\n".join(lines)
+
+
+def full_settings(plan: Resolved, backend: str) -> str:
+    """The derived settings with the compute dtype's reason (the run folder's
+    ``settings.txt``, and what ``--print_config`` adds to the YAML)."""
+    return compute_dtype(plan.run.model, backend)[1] + "\n" + describe(plan) + "\n"
