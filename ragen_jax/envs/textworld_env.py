@@ -163,8 +163,8 @@ class TextWorldEnv(HostEnv):
     """A TextWorld game per seed, played by free-text commands (see the module docstring)."""
 
     instruction = INSTRUCTION
-    # jericho, the game interpreter, keeps each game in a C library loaded per instance; not
-    # measured thread-safe, so instances step one at a time (worker processes still overlap).
+    # jericho, the game interpreter, is a C library whose thread safety is not checked here:
+    # instances step one at a time (worker processes still run side by side).
     parallel_friendly = False
     step_timeout = 120.0  # a reset may generate and compile a game (seconds on a busy CPU)
 
