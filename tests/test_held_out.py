@@ -2,6 +2,7 @@
 validation level, compared by the rendered starting state (for these envs the level itself),
 for a single env and for a mixed run."""
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,12 @@ from ragen_jax.train import Trainer
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _needs(extra: str) -> pytest.MarkDecorator:
+    """Skips a config whose env needs an optional package (the extra's name is the module's)."""
+    return pytest.mark.skipif(importlib.util.find_spec(extra) is None,
+                              reason=f"needs {extra} (pip install 'ragen_jax[{extra}]')")
+
+
 def rendered(rollout: AgentRollout, seeds: np.ndarray, *, held_out: bool) -> list[str]:
     """The starting state each seed plays, as the model reads it."""
     out = rollout.driver.reset(seeds, held_out=held_out)
@@ -24,7 +31,8 @@ def rendered(rollout: AgentRollout, seeds: np.ndarray, *, held_out: bool) -> lis
 
 @pytest.mark.parametrize("config", ["sokoban", "frozenlake", "mixed", "countdown", "sudoku",
                                     "game2048", "rubikscube", "metamathqa", "search",
-                                    "deepcoder"])
+                                    "deepcoder", pytest.param("gem", marks=_needs("gem")),
+                                    pytest.param("textworld", marks=_needs("textworld"))])
 def test_prior_data_and_training_stream_hold_out_every_validation_level(config, tmp_path, monkeypatch):
     steps = 100
     run = load_config([
@@ -55,7 +63,8 @@ def test_prior_data_and_training_stream_hold_out_every_validation_level(config, 
     # 2048's level is its starting board and its spawn stream (the game it deals): validation
     # and training may open on the same two tiles and then deal different games, so its
     # starting text is no level and it is checked by level identity only.
-    by_text = config != "game2048"
+    # GuessTheNumber's games open alike (the number is hidden): also by level identity only.
+    by_text = config not in ("game2048", "gem")
     val = set()
     for slot in trainer.slots:
         val |= set(rendered(slot.rollout, trainer.plan.rollout.val_seed + np.arange(slot.val_groups),
@@ -66,9 +75,9 @@ def test_prior_data_and_training_stream_hold_out_every_validation_level(config, 
     held = set(trainer.held_out.tolist())
     assert held and not held & set(played_ids)
     # Generators that repeat levels often (the cube: 1,016 depth-3 scrambles; the QA presets'
-    # samples: 26, 6 and 16 problems).
+    # samples: 26, 6 and 16 problems; GuessTheNumber's 10 numbers; TextWorld's 8 games).
     small = config in ("sokoban", "frozenlake", "mixed", "rubikscube", "metamathqa", "search",
-                       "deepcoder")
+                       "deepcoder", "gem", "textworld")
     if small:
         assert "redrawn:True" in played  # some data seeds met a validation level and were redrawn
 

@@ -5,6 +5,7 @@ evaluation of a checkpoint, and the small pure pieces of the step."""
 from __future__ import annotations
 
 import gc
+import importlib.util
 import json
 import os
 import shutil
@@ -748,14 +749,25 @@ def test_game2048_and_cube_presets_train_two_steps(env, tmp_path):
     assert f"val-env/{tag}/success" in metrics[2]
 
 
-@pytest.mark.parametrize("env,tag,max_turns,length", [("metamathqa", "MetamathQA", 3, 16),
-                                                      ("deepcoder", "DeepCoder", 1, 32)])
+def _needs(module: str, extra: str) -> pytest.MarkDecorator:
+    return pytest.mark.skipif(importlib.util.find_spec(module) is None,
+                              reason=f"needs {module} (pip install 'ragen_jax[{extra}]')")
+
+
+@pytest.mark.parametrize("env,tag,max_turns,length", [
+    ("metamathqa", "MetamathQA", 3, 16), ("deepcoder", "DeepCoder", 1, 32),
+    pytest.param("search", "SearchQA", 5, 32, marks=_needs("bm25s", "search")),
+    pytest.param("textworld", "TextWorld", 3, 16, marks=_needs("textworld", "textworld")),
+    pytest.param("gem", "GuessTheNumber", 4, 16, marks=_needs("gem", "gem"))])
 def test_data_env_presets_train_two_steps(tmp_path, env, tag, max_turns, length):
     """configs/metamathqa.py (our 26-question sample; up to three answers per question,
-    RAGEN's retries) and configs/deepcoder.py (our 16-problem sample; one program each, run in
+    RAGEN's retries), configs/deepcoder.py (our 16-problem sample; one program each, run in
     the sandbox inside the env's worker processes: the format warm-start's and any the model
-    writes) on the micro model: two updates with finite losses, no env errors. (Their
-    validation is held out: tests/test_held_out.py.)"""
+    writes), configs/search.py (our 6-question sample and 8-passage BM25 corpus; up to five
+    searches and answers), configs/textworld.py (8 coin-collector games, compiled into the
+    temp dir's cache on first use; up to three commands) and configs/gem.py (GEM's
+    GuessTheNumber, up to four guesses) on the micro model: two updates with finite losses, no
+    env errors. (Their validation is held out: tests/test_held_out.py.)"""
     summary = _run(micro_config(tmp_path, steps=2, env=env, extra=(
         f"--config.rollout.response_length={length}", "--config.trainer.val_before_train=False",
         "--config.diagnostics.compute_freq=0")))

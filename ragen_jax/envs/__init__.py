@@ -1,6 +1,7 @@
 """Environments: pure-JAX text environments (gymnax style: Sokoban, FrozenLake, Bandit, 2048,
 the 2x2 Rubik's cube) and host environments (Python, free-text actions: Countdown, Sudoku,
-MetaMathQA, DeepCoder, Search, GEM's games, any Gymnasium env, an env served over HTTP).
+MetaMathQA, DeepCoder, Search, GEM's and TextWorld's games, any Gymnasium env, an env served
+over HTTP).
 
 The names below load on first use: the JAX envs import gymnax, which starts JAX's backend at
 import, and a host env's worker process (``envs.processes``) imports only the host env it
@@ -15,11 +16,12 @@ from typing import Any
 
 _WHERE = {
     "Bandit": "bandit", "TextEnv": "base", "Countdown": "countdown", "DeepCoder": "deepcoder",
-    "FrozenLake": "frozenlake",
+    "FrozenLake": "frozenlake", "GemEnv": "gem_env",
     "Game2048": "game2048", "GymnasiumEnv": "gymnasium_env", "HostEnv": "host",
     "HostEnvFamily": "host", "HostState": "host", "MetaMathQA": "metamathqa",
     "REGISTRY": "registry", "make": "registry", "register": "registry",
     "RubiksCube": "rubiks", "Search": "search", "Sokoban": "sokoban", "Sudoku": "sudoku",
+    "TextWorldEnv": "textworld_env",
 }
 
 __all__ = sorted(_WHERE)

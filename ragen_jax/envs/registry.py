@@ -34,6 +34,7 @@ from ragen_jax.envs.rubiks import RubiksCube
 from ragen_jax.envs.search import Search
 from ragen_jax.envs.sokoban import Sokoban
 from ragen_jax.envs.sudoku import Sudoku
+from ragen_jax.envs.textworld_env import TextWorldEnv
 
 REGISTRY: dict[str, type[TextEnv] | Callable[..., HostEnv]] = {
     "sokoban": Sokoban,
@@ -47,6 +48,7 @@ REGISTRY: dict[str, type[TextEnv] | Callable[..., HostEnv]] = {
     "search": Search,
     "deepcoder": DeepCoder,
     "gem": GemEnv,
+    "textworld": TextWorldEnv,
     "remote": RemoteEnv,  # an env served by ``python -m ragen_jax.envs.serve``
 }
 
