@@ -150,7 +150,7 @@ def run_program(code: str, tests: list[dict[str, Any]], func_name: str | None = 
     if limits.confine:
         require_confinement()
     job = {"code": code, "func_name": func_name, "out_cap": limits.output_limit,
-           "rlimits": {"RLIMIT_CPU": int(limits.time_limit) + 1, "RLIMIT_AS": limits.memory_mb << 20,
+           "rlimits": {"RLIMIT_CPU": [int(limits.time_limit) + 1, int(limits.time_limit) + 2], "RLIMIT_AS": limits.memory_mb << 20,
                        "RLIMIT_FSIZE": limits.file_size_mb << 20, "RLIMIT_NOFILE": limits.open_files,
                        "RLIMIT_CORE": 0},
            "tests": [dict(t, i=i) for i, t in enumerate(tests)]}
@@ -214,7 +214,7 @@ def _run_child(workdir: str, count: int, limits: SandboxLimits):
     if stopped is None and status != 0:
         stopped = (f"killed by {signal.Signals(-status).name}" if status < 0
                    else f"exit status {status}")
-        if status in (-signal.SIGXCPU, -signal.SIGKILL) and not stopped.endswith("SIGKILL"):
+        if status == -signal.SIGXCPU:  # the CPU-time limit
             stopped = "time limit"
     runs = _parse_results(bytes(got_results), count)
     return [runs.get(i, TestRun(False, error=f"not run ({stopped or 'no result'})"))

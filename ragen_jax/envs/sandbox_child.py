@@ -26,21 +26,23 @@ JOB = "job.json"
 
 
 PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
-SYS_CAPSET = 126  # x86-64 (_capset_number knows the others)
 CAP_VERSION_3 = 0x20080522
 
 
 def _capset_number() -> int:
+    """The capset system call's number on this architecture (x86-64's when unknown)."""
     import platform
-    return {"x86_64": 126, "aarch64": 91, "arm64": 91, "ppc64le": 184, "s390x": 185}.get(
-        platform.machine(), SYS_CAPSET)
+    return {"aarch64": 91, "arm64": 91, "ppc64le": 184, "s390x": 185}.get(platform.machine(), 126)
 
 
 def limit(rlimits: dict) -> None:
-    """Resource limits (soft = hard: no raising them later), no new privileges, and no
+    """Resource limits (no raising them past their hard values), no new privileges, and no
     capabilities at all: for a root child this makes root powerless."""
     for name, value in rlimits.items():
-        resource.setrlimit(getattr(resource, name), (value, value))
+        # [soft, hard] where the soft limit signals first (CPU: SIGXCPU, "time limit" to the
+        # parent, before the hard limit's SIGKILL); a number: both.
+        soft, hard = value if isinstance(value, list) else (value, value)
+        resource.setrlimit(getattr(resource, name), (soft, hard))
     libc = ctypes.CDLL(None, use_errno=True)
     if os.geteuid() == 0:
         try:
