@@ -2,7 +2,9 @@
 trajectories (``<run>/trajectories/val_stepNNNNN.jsonl``) and prints, per validation step and
 tag: success, the share of answers naming the first-displayed arm, the share of levels whose
 high-risk arm is displayed first (the success of "always answer the first arm"), and success
-on the levels in each order.
+on the levels in each order, and their mean ("order-balanced" success: what the policy would
+score on validation levels split evenly between the two orders; "always the first arm" scores
+0.5 there, whatever share of the levels shows the high-risk arm first).
 
 A policy that reads the names succeeds in both orders; one that collapsed to a position
 succeeds on one order only, and its success equals that order's share of the levels whatever
@@ -57,20 +59,22 @@ def summarise(path: Path) -> dict[str, dict[str, float]]:
             "success_high_first": mean([r[1] for r in hi_first]),
             "success_low_first": mean([r[1] for r in lo_first]),
         }
+        out[tag]["balanced"] = (out[tag]["success_high_first"] + out[tag]["success_low_first"]) / 2
     return out
 
 
 def table(runs: list[Path]) -> str:
     lines = ["| run | step | tag | episodes | success | answers naming the first arm | levels with "
-             "the high-risk arm first | success when it is first | when it is second |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "the high-risk arm first | success when it is first | when it is second | order-balanced success |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for run in runs:
         for path in sorted((run / "trajectories").glob("val_step*.jsonl")):
             step = int(path.stem.removeprefix("val_step"))
             for tag, s in summarise(path).items():
                 lines.append(f"| {run.name} | {step} | {tag} | {s['episodes']} | {s['success']:.3f} | "
                              f"{s['first_arm']:.3f} | {s['high_first']:.3f} | "
-                             f"{s['success_high_first']:.3f} | {s['success_low_first']:.3f} |")
+                             f"{s['success_high_first']:.3f} | {s['success_low_first']:.3f} | "
+                             f"{s['balanced']:.3f} |")
     return "\n".join(lines)
 
 
