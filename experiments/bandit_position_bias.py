@@ -10,7 +10,11 @@ A policy that reads the names succeeds in both orders; one that collapsed to a p
 succeeds on one order only, and its success equals that order's share of the levels whatever
 it learned about the names.
 
-    python experiments/bandit_position_bias.py RUN_DIR [RUN_DIR ...] [--out FILE.md]
+    python experiments/bandit_position_bias.py RUN_DIR [RUN_DIR ...] [--train] [--out FILE.md]
+
+``--train`` adds each run's training steps from ``<run>/metrics.jsonl``: success, format
+errors, answer tokens, entropy per token, first-turn I(X;Z), wall seconds of the step and of
+its update.
 """
 
 from __future__ import annotations
@@ -36,7 +40,10 @@ def episode_row(trajectory: dict) -> tuple[str, bool, bool | None, bool] | None:
     if m is None:
         return None
     first, second = m.group(1), m.group(2)
-    answer = str(turns[0].get("answer", "")).strip().lower()
+    # The arm the env pulled: an answer may list both names ("A || B"; one action a turn
+    # executes the first), so the executed action, not the answer text, says which.
+    executed = turns[0].get("executed") or [turns[0].get("answer", "")]
+    answer = str(executed[0]).strip().lower()
     picked = True if answer == first.lower() else False if answer == second.lower() else None
     return trajectory.get("tag", ""), bool(trajectory.get("success")), picked, first in _HIGH
 
@@ -78,12 +85,42 @@ def table(runs: list[Path]) -> str:
     return "\n".join(lines)
 
 
+TRAIN_COLUMNS = (("success", "train/Bandit/success", "{:.3f}"),
+                 ("format errors", "train/Bandit/format_error_rate", "{:.3f}"),
+                 ("answer tokens", "train/Bandit/response_length", "{:.1f}"),
+                 ("entropy", "actor/entropy", "{:.2f}"),
+                 ("first-turn I(X;Z)", "collapse_first_turn_sample/mi_estimate", "{:.3f}"),
+                 ("step s", "timing_s/step", "{:.0f}"),
+                 ("update s", "timing_s/update", "{:.0f}"))
+
+
+def train_table(run: Path) -> str:
+    """One row per training step of a run's ``metrics.jsonl`` (the last record of a step wins:
+    a resumed run repeats the steps after its checkpoint)."""
+    steps: dict[int, dict] = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "train/Bandit/success" in record:
+            steps[record["step"]] = record
+    lines = [f"{run.name}, training steps:", "",
+             "| step | " + " | ".join(name for name, _, _ in TRAIN_COLUMNS) + " |",
+             "|---:|" + "---:|" * len(TRAIN_COLUMNS)]
+    for step in sorted(steps):
+        cells = [fmt.format(steps[step][key]) if key in steps[step] else ""
+                 for _, key, fmt in TRAIN_COLUMNS]
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--train", action="store_true", help="add each run's training steps")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     text = table(args.runs)
+    if args.train:
+        text += "\n\n" + "\n\n".join(train_table(run) for run in args.runs)
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
