@@ -70,6 +70,23 @@ def test_qwen_presets_split_the_update_into_micro_batches(tmp_path):
             assert rows == {8: 4, 16: 2, 32: 1}[count], preset
 
 
+def test_bandit_cpu_preset_trains_the_whole_batch_in_one_step(tmp_path):
+    """The 0.5B Bandit CPU preset (configs/bandit.py: bandit_cpu) is a valid run whose 128
+    episodes are one optimizer step in passes of 32 rows, with a batch baseline (no critic,
+    no group statistics) and answer-only turns."""
+    from configs import bandit
+
+    c = bandit.get_config("qwen2.5-0.5b-cpu")
+    c.model.path = str(tmp_path)
+    run = from_config_dict(c)
+    resolved = resolve(run)
+    rows = run.rollout.env_groups * run.rollout.group_size
+    assert resolved.step.mini_batch_size == rows == 128
+    assert rows // resolved.step.actor.micro_batches == 32
+    assert not run.rollout.enable_think and run.algorithm.adv_estimator == "reinforce_plus_plus"
+    assert run.model.lora_rank > 0 and run.actor.warmup_steps < run.trainer.total_steps
+
+
 def test_micro_batches_that_leave_devices_without_a_row_are_named(tmp_path):
     from configs import sokoban
 
