@@ -43,7 +43,6 @@ def bandit_cpu(c) -> None:
     c.rollout.val_groups = 16
     c.algorithm.adv_estimator = "reinforce_plus_plus"
     c.actor.ppo_mini_batch_size = 128
-    c.actor.micro_batches = 4  # 32 short rows a pass
     c.actor.pad_multiple = 16  # answer rows of ~5 tokens
     c.actor.lr = 2e-5
     c.actor.warmup_steps = 3

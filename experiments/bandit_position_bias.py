@@ -25,6 +25,7 @@ import re
 from pathlib import Path
 
 from ragen_jax.envs.bandit import ALL_PAIRS
+from ragen_jax.metrics import read_jsonl
 
 _ARMS = re.compile(r"The arms are (\w+) and (\w+)\.")
 _HIGH = {hi for _, hi in ALL_PAIRS}  # each pair is (low-risk, high-risk)
@@ -95,13 +96,10 @@ TRAIN_COLUMNS = (("success", "train/Bandit/success", "{:.3f}"),
 
 
 def train_table(run: Path) -> str:
-    """One row per training step of a run's ``metrics.jsonl`` (the last record of a step wins:
-    a resumed run repeats the steps after its checkpoint)."""
-    steps: dict[int, dict] = {}
-    for line in (run / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if "train/Bandit/success" in record:
-            steps[record["step"]] = record
+    """One row per training step of a run's ``metrics.jsonl`` (a resumed run repeats the steps
+    after its checkpoint: the later records win)."""
+    steps = {step: m for step, m in read_jsonl(run / "metrics.jsonl").items()
+             if "train/Bandit/success" in m}
     lines = [f"{run.name}, training steps:", "",
              "| step | " + " | ".join(name for name, _, _ in TRAIN_COLUMNS) + " |",
              "|---:|" + "---:|" * len(TRAIN_COLUMNS)]
