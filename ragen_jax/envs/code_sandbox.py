@@ -150,9 +150,12 @@ def run_program(code: str, tests: list[dict[str, Any]], func_name: str | None = 
     if limits.confine:
         require_confinement()
     job = {"code": code, "func_name": func_name, "out_cap": limits.output_limit,
-           "rlimits": {"RLIMIT_CPU": [int(limits.time_limit) + 1, int(limits.time_limit) + 2], "RLIMIT_AS": limits.memory_mb << 20,
-                       "RLIMIT_FSIZE": limits.file_size_mb << 20, "RLIMIT_NOFILE": limits.open_files,
-                       "RLIMIT_CORE": 0},
+           # [soft, hard]: the CPU soft limit's SIGXCPU (read as "time limit") comes a second
+           # before the hard limit's SIGKILL; the others are equal.
+           "rlimits": {"RLIMIT_CPU": [int(limits.time_limit) + 1, int(limits.time_limit) + 2],
+                       "RLIMIT_AS": [limits.memory_mb << 20] * 2,
+                       "RLIMIT_FSIZE": [limits.file_size_mb << 20] * 2,
+                       "RLIMIT_NOFILE": [limits.open_files] * 2, "RLIMIT_CORE": [0, 0]},
            "tests": [dict(t, i=i) for i, t in enumerate(tests)]}
     workdir = tempfile.mkdtemp(prefix="ragen_sandbox_")
     try:

@@ -36,12 +36,9 @@ def _capset_number() -> int:
 
 
 def limit(rlimits: dict) -> None:
-    """Resource limits (no raising them past their hard values), no new privileges, and no
-    capabilities at all: for a root child this makes root powerless."""
-    for name, value in rlimits.items():
-        # [soft, hard] where the soft limit signals first (CPU: SIGXCPU, "time limit" to the
-        # parent, before the hard limit's SIGKILL); a number: both.
-        soft, hard = value if isinstance(value, list) else (value, value)
+    """Resource limits (``{name: [soft, hard]}``: none can be raised past its hard value), no
+    new privileges, and no capabilities at all: for a root child this makes root powerless."""
+    for name, (soft, hard) in rlimits.items():
         resource.setrlimit(getattr(resource, name), (soft, hard))
     libc = ctypes.CDLL(None, use_errno=True)
     if os.geteuid() == 0:
