@@ -139,28 +139,22 @@ class _Session:
         self.row, self.lock, self.used = row, asyncio.Lock(), time.monotonic()
 
 
-def make_app(family: HostEnvFamily, *, workers: int | None = None, max_sessions: int = 4096,
-             session_ttl: float = 3600.0) -> Any:
-    """The Starlette app serving instances of ``family`` from a pool of ``workers`` processes
-    (see the module docstring); the pool ends when the app shuts down."""
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse
-    from starlette.routing import Route
+class _EnvServer:
+    """The server's state and endpoints: sessions (each a row of the pool), their histories
+    (for rebuilding a crashed worker's rows) and the pool's driver thread."""
 
-    size = family.workers if workers is None else int(workers)
-    service = PoolService(ProcessPool(family.factory, size, family.step_timeout,
-                                      memory_limit_mb=family.memory_limit_mb))
-    info = {k: family.info[k] for k in ("name", "instruction")}
-    info["action_names"] = list(family.info.get("action_names", ()))
-    sessions: dict[str, _Session] = {}
-    histories = Histories()  # touched on the event loop's thread only
-    rows = itertools.count()
+    def __init__(self, family: HostEnvFamily, workers: int, max_sessions: int,
+                 session_ttl: float):
+        self.service = PoolService(ProcessPool(family.factory, workers, family.step_timeout,
+                                               memory_limit_mb=family.memory_limit_mb))
+        self.info = {k: family.info[k] for k in ("name", "instruction")}
+        self.info["action_names"] = list(family.info.get("action_names", ()))
+        self.max_sessions, self.session_ttl = max_sessions, session_ttl
+        self.sessions: dict[str, _Session] = {}
+        self.histories = Histories()  # touched on the event loop's thread only
+        self.rows = itertools.count()
 
-    def error(status: int, text: str) -> JSONResponse:
-        return JSONResponse({"error": text}, status_code=status)
-
-    async def run(job: Job, record: Callable[[Job], None]) -> Job:
+    async def run(self, job: Job, record: Callable[[Job], None]) -> Job:
         """Runs ``job`` in the pool; ``record`` keeps its outcome in ``histories`` on the event
         loop, even when the request that asked for it is gone."""
         loop = asyncio.get_running_loop()
@@ -171,72 +165,79 @@ def make_app(family: HostEnvFamily, *, workers: int | None = None, max_sessions:
             if not future.done():
                 future.set_result(job)
 
-        service.submit(job, lambda job: loop.call_soon_threadsafe(finish, job))
+        self.service.submit(job, lambda job: loop.call_soon_threadsafe(finish, job))
         return await future
 
-    def expire() -> None:
+    def expire(self) -> None:
         now = time.monotonic()
-        for sid, session in list(sessions.items()):
-            if now - session.used > session_ttl and not session.lock.locked():
-                close_session(sid)
+        for sid, session in list(self.sessions.items()):
+            if now - session.used > self.session_ttl and not session.lock.locked():
+                self.close_session(sid)
 
-    def close_session(sid: str) -> None:
-        session = sessions.pop(sid, None)
+    def close_session(self, sid: str) -> None:
+        session = self.sessions.pop(sid, None)
         if session is not None:
-            histories.rows.pop(session.row, None)
-            service.submit(Job("drop", session.row, ()), lambda job: None)
+            self.histories.rows.pop(session.row, None)
+            self.service.submit(Job("drop", session.row, ()), lambda job: None)
 
-    async def get_info(request: Request) -> JSONResponse:
-        return JSONResponse(info)
+    # Endpoints without a session body.
 
-    async def create(request: Request) -> JSONResponse:
-        expire()
-        if len(sessions) >= max_sessions:
-            return error(503, f"at most {max_sessions} sessions")
+    async def get_info(self, request: Any) -> Any:
+        return _json(self.info)
+
+    async def create(self, request: Any) -> Any:
+        self.expire()
+        if len(self.sessions) >= self.max_sessions:
+            return _error(503, f"at most {self.max_sessions} sessions")
         sid = uuid.uuid4().hex
-        sessions[sid] = _Session(next(rows))
-        return JSONResponse({"session": sid})
+        self.sessions[sid] = _Session(next(self.rows))
+        return _json({"session": sid})
 
-    async def close(request: Request) -> JSONResponse:
-        close_session(request.path_params["sid"])
-        return JSONResponse({})
+    async def close(self, request: Any) -> Any:
+        self.close_session(request.path_params["sid"])
+        return _json({})
 
-    def call(fn: Callable[[int, dict[str, Any]], Any]) -> Callable:
-        async def endpoint(request: Request) -> JSONResponse:
-            session = sessions.get(request.path_params["sid"])
+    def call(self, fn: Callable[[int, dict[str, Any]], Any]) -> Callable:
+        """The endpoint that runs ``fn(row, body)`` for the request's session, one call at a
+        time per session; a ``str`` reply is the env's error (500)."""
+        async def endpoint(request: Any) -> Any:
+            session = self.sessions.get(request.path_params["sid"])
             if session is None:
-                return error(404, "unknown session")
+                return _error(404, "unknown session")
             try:
                 body = await request.json()
             except ValueError:
-                return error(400, "the body must be JSON")
+                return _error(400, "the body must be JSON")
             if not isinstance(body, dict):
-                return error(400, "the body must be a JSON object")
+                return _error(400, "the body must be a JSON object")
             async with session.lock:
                 session.used = time.monotonic()
                 try:
                     reply = await fn(session.row, body)
                 except _BadRequest as e:
-                    return error(400, str(e))
+                    return _error(400, str(e))
                 session.used = time.monotonic()
-            if isinstance(reply, str):  # the env's error
-                return error(500, reply)
-            return JSONResponse(reply)
+            if isinstance(reply, str):
+                return _error(500, reply)
+            return _json(reply)
         return endpoint
 
-    async def reset(row: int, body: dict[str, Any]) -> dict[str, Any] | str:
+    # A session's calls: (row, body) -> the reply's JSON, or the env's error as a str.
+
+    async def reset(self, row: int, body: dict[str, Any]) -> dict[str, Any] | str:
         seed = _field(body, "seed", int)
-        job = await run(Job("reset", row, (seed,)), histories.reset_done)
+        job = await self.run(Job("reset", row, (seed,)), self.histories.reset_done)
         if job.error:
             return job.error
         text, names, key = job.value
         return {"observation": text, "action_names": list(names), "level_key": key}
 
-    async def step(row: int, body: dict[str, Any]) -> dict[str, Any] | str:
+    async def step(self, row: int, body: dict[str, Any]) -> dict[str, Any] | str:
         action = _field(body, "action", str)
-        if row not in histories.rows:
+        if row not in self.histories.rows:
             return NO_INSTANCE
-        job = await run(histories.job("step", row, ([action],)), histories.step_done)
+        job = await self.run(self.histories.job("step", row, ([action],)),
+                             self.histories.step_done)
         if job.error:
             return job.error
         p: TurnProgress = job.progress
@@ -245,32 +246,54 @@ def make_app(family: HostEnvFamily, *, workers: int | None = None, max_sessions:
                          "action_is_effective": bool(p.effective)},
                 "action_names": list(job.value)}
 
-    async def random_action(row: int, body: dict[str, Any]) -> dict[str, Any] | str:
+    async def random_action(self, row: int, body: dict[str, Any]) -> dict[str, Any] | str:
         rng = _generator(_field(body, "rng_state", dict))
-        if row not in histories.rows:
+        if row not in self.histories.rows:
             return NO_INSTANCE
-        job = await run(histories.job("random_action", row, (rng,)), histories.call_done)
+        job = await self.run(self.histories.job("random_action", row, (rng,)),
+                             self.histories.call_done)
         if job.error:
             return job.error
         action, state = job.value
         return {"action": action, "rng_state": state}
 
+
+def make_app(family: HostEnvFamily, *, workers: int | None = None, max_sessions: int = 4096,
+             session_ttl: float = 3600.0) -> Any:
+    """The Starlette app serving instances of ``family`` from a pool of ``workers`` processes
+    (see the module docstring); the pool ends when the app shuts down."""
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    size = family.workers if workers is None else int(workers)
+    server = _EnvServer(family, size, max_sessions, session_ttl)
     routes = [
-        Route("/info", get_info, methods=["GET"]),
-        Route("/sessions", create, methods=["POST"]),
-        Route("/sessions/{sid}", close, methods=["DELETE"]),
-        Route("/sessions/{sid}/reset", call(reset), methods=["POST"]),
-        Route("/sessions/{sid}/step", call(step), methods=["POST"]),
-        Route("/sessions/{sid}/random_action", call(random_action), methods=["POST"]),
+        Route("/info", server.get_info, methods=["GET"]),
+        Route("/sessions", server.create, methods=["POST"]),
+        Route("/sessions/{sid}", server.close, methods=["DELETE"]),
+        Route("/sessions/{sid}/reset", server.call(server.reset), methods=["POST"]),
+        Route("/sessions/{sid}/step", server.call(server.step), methods=["POST"]),
+        Route("/sessions/{sid}/random_action", server.call(server.random_action), methods=["POST"]),
     ]
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Any):
         yield
-        service.close()
+        server.service.close()
 
     app = Starlette(routes=routes, lifespan=lifespan)
-    app.state.pool = service.pool  # for tests and monitoring: its workers and restarts
+    app.state.pool = server.service.pool  # for tests and monitoring: its workers and restarts
     return app
+
+
+def _json(body: Any, status: int = 200) -> Any:
+    from starlette.responses import JSONResponse  # imported only when serving: JaxAsHost users skip it
+
+    return JSONResponse(body, status_code=status)
+
+
+def _error(status: int, text: str) -> Any:
+    return _json({"error": text}, status)
 
 
 class _BadRequest(ValueError):
