@@ -10,7 +10,8 @@ Reproducibility: everything random is a function of ``(seed, step)`` (env seeds,
 the duplicated rows that pad a filtered batch), and a checkpoint holds the ``TrainState``
 plus the host-side counters, so a run resumed from the checkpoint of step k computes exactly
 what the uninterrupted run computed after step k. SIGINT/SIGTERM finish the current step,
-save, and exit; a restart with the same ``output_dir`` resumes from the last checkpoint.
+save, and exit (before the first step, during a warm start or step 0's validation, they exit at
+once); a restart with the same ``output_dir`` resumes from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import os
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -138,6 +140,7 @@ class Trainer:
         self._compiled: set[str] = set()  # phases that ran once in this process
         self.logger: MetricsLogger | None = None
         self._stop_signal: int | None = None
+        self._stepping = False  # in the step loop: a signal finishes the step and saves
 
     # -- one training step ---------------------------------------------------------------------
 
@@ -439,8 +442,18 @@ class Trainer:
                                 "metrics": val_metrics})
 
     def _handle_signal(self, signum, _frame):
+        if not self._stepping:
+            # The warm start, a resume and step 0's validation hold nothing a rerun would not
+            # rebuild (a warm-started step 0 is saved before the loop): stop now, not after a
+            # prior build that may take many minutes.
+            _say(f"\nstopped by signal {signum} before the first training step; nothing to save: "
+                 f"rerun the same command to start (or resume) again\n")
+            raise SystemExit(128 + signum)
         if signum == signal.SIGINT and self._stop_signal == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C stops at once (no save)
+        if self._stop_signal is None:
+            _say(f"\nsignal {signum}: finishing step {self.step + 1}, then saving a checkpoint "
+                 f"(Ctrl-C again stops at once, unsaved)\n")
         self._stop_signal = signum
 
     def _start(self) -> dict[str, Any]:
@@ -497,6 +510,7 @@ class Trainer:
             summary |= self._start()
             self.logger.advance(self.step, "rollout, update (the first step compiles)")
             stop = None
+            self._stepping = True
             while self.step < tr.total_steps and self._stop_signal is None and stop is None:
                 started = time.perf_counter()
                 metrics = self.train_step()
@@ -512,6 +526,7 @@ class Trainer:
                          f"checkpoint saved, rerun the same command to resume")
                 summary["interrupted"] = True
         finally:
+            self._stepping = False
             for s, h in old.items():
                 signal.signal(s, h)
             self.logger.close()
@@ -610,3 +625,9 @@ def run(config: ConfigDict | RunConfig, **kw: Any) -> dict[str, Any]:
                    f"log): {first}. Rerun every process to resume from the last complete "
                    f"checkpoint")
         raise
+
+
+def _say(text: str) -> None:
+    """Writes ``text`` to stderr from a signal handler: ``os.write`` takes no lock that the
+    interrupted code (a print, the progress bar) may hold."""
+    os.write(2, text.encode())

@@ -234,6 +234,36 @@ def test_resume_after_signal_matches_uninterrupted(reference_run, tmp_path, stop
         read_jsonl(ref_out / "metrics.jsonl"))
 
 
+def test_signal_during_warm_start_exits_at_once_with_nothing_saved(tmp_path, monkeypatch, capfd):
+    """Before the first step there is no step to finish: a SIGTERM in the warm start (a prior
+    build may take many minutes) stops the run there, and the rerun starts over."""
+    from ragen_jax import sft
+
+    steps_run = []
+    train_sft = sft.train_sft
+
+    def interrupted(*args, progress=None, **kw):
+        def on_step(done, loss):
+            steps_run.append(done)
+            if done == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+            if progress is not None:
+                progress(done, loss)
+        return train_sft(*args, progress=on_step, **kw)
+
+    monkeypatch.setattr(sft, "train_sft", interrupted)
+    monkeypatch.setenv("RAGEN_JAX_CACHE", str(tmp_path / "cache"))  # build it: no cached prior
+    handler = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stopped:
+        _run(micro_config(tmp_path))
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert steps_run == [1]  # the warm start's 3 steps did not run on
+    assert "before the first training step" in capfd.readouterr().err
+    assert not read_jsonl(tmp_path / "metrics.jsonl")
+    assert not [p for p in (tmp_path / "checkpoints").glob("*") if p.name.isdigit()]
+    assert signal.getsignal(signal.SIGTERM) == handler  # the run's handler is gone
+
+
 def test_resume_after_crash_repeats_lost_steps_exactly(reference_run, tmp_path):
     ref_out, _ = reference_run
 
