@@ -11,10 +11,12 @@ succeeds on one order only, and its success equals that order's share of the lev
 it learned about the names.
 
     python experiments/bandit_position_bias.py RUN_DIR [RUN_DIR ...] [--train] [--out FILE.md]
+        [--plot FILE.png]
 
 ``--train`` adds each run's training steps from ``<run>/metrics.jsonl``: success, format
 errors, answer tokens, entropy per token, first-turn I(X;Z), wall seconds of the step and of
-its update.
+its update. ``--plot`` draws, per run, validation success and order-balanced success on Bandit
+and BanditTest, and training success, against the step.
 """
 
 from __future__ import annotations
@@ -110,11 +112,44 @@ def train_table(run: Path) -> str:
     return "\n".join(lines)
 
 
+def plot(runs: list[Path], out: Path) -> None:
+    """Three panels against the step: Bandit validation, BanditTest validation (success solid,
+    order-balanced success dashed) and training success; one colour per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4), sharey=True)
+    for i, run in enumerate(runs):
+        colour = f"C{i}"
+        val = {int(p.stem.removeprefix("val_step")): summarise(p)
+               for p in sorted((run / "trajectories").glob("val_step*.jsonl"))}
+        for ax, tag in zip(axes[:2], ("Bandit", "BanditTest"), strict=True):
+            steps = [s for s in sorted(val) if tag in val[s]]
+            ax.plot(steps, [val[s][tag]["success"] for s in steps], "o-", color=colour, label=run.name)
+            ax.plot(steps, [val[s][tag]["balanced"] for s in steps], "s--", color=colour, alpha=0.6)
+            ax.set_title(f"validation {tag} (solid: success, dashed: order-balanced)", fontsize=9)
+        train = {s: m["train/Bandit/success"] for s, m in read_jsonl(run / "metrics.jsonl").items()
+                 if "train/Bandit/success" in m}
+        axes[2].plot(sorted(train), [train[s] for s in sorted(train)], "-", color=colour, label=run.name)
+        axes[2].set_title("training success (each step's episodes)", fontsize=9)
+    for ax in axes:
+        ax.axhline(0.5, color="grey", lw=0.5)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("success")
+    axes[2].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--train", action="store_true", help="add each run's training steps")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--plot", type=Path, default=None, help="write the curves to this image")
     args = parser.parse_args()
     text = table(args.runs)
     if args.train:
@@ -122,6 +157,8 @@ def main() -> None:
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
+    if args.plot:
+        plot(args.runs, args.plot)
 
 
 if __name__ == "__main__":
