@@ -287,7 +287,8 @@ def make_app(family: HostEnvFamily, *, workers: int | None = None, max_sessions:
 
 
 def _json(body: Any, status: int = 200) -> Any:
-    from starlette.responses import JSONResponse  # imported only when serving: JaxAsHost users skip it
+    # Imported here, when serving: the workers that only play JaxAsHost never load starlette.
+    from starlette.responses import JSONResponse
 
     return JSONResponse(body, status_code=status)
 
