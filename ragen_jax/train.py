@@ -445,7 +445,9 @@ class Trainer:
         if not self._stepping:
             # The warm start, a resume and step 0's validation hold nothing a rerun would not
             # rebuild (a warm-started step 0 is saved before the loop): stop now, not after a
-            # prior build that may take many minutes.
+            # prior build that may take many minutes. (A multi-host job's scheduler signals every
+            # process; one stopped here alone leaves the others to fail at their next collective,
+            # which ``run`` reports as such.)
             _say(f"\nstopped by signal {signum} before the first training step; nothing to save: "
                  f"rerun the same command to start (or resume) again\n")
             raise SystemExit(128 + signum)
