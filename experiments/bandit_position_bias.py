@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ragen_jax.envs.bandit import ALL_PAIRS
 from ragen_jax.metrics import read_jsonl
+from ragen_jax.plots import series
 
 _ARMS = re.compile(r"The arms are (\w+) and (\w+)\.")
 _HIGH = {hi for _, hi in ALL_PAIRS}  # each pair is (low-risk, high-risk)
@@ -73,14 +74,19 @@ def summarise(path: Path) -> dict[str, dict[str, float]]:
     return out
 
 
+def validation(run: Path) -> dict[int, dict[str, dict[str, float]]]:
+    """``{step: summarise(...)}`` over a run's validation trajectories, in step order."""
+    return {int(p.stem.removeprefix("val_step")): summarise(p)
+            for p in sorted((run / "trajectories").glob("val_step*.jsonl"))}
+
+
 def table(runs: list[Path]) -> str:
     lines = ["| run | step | tag | episodes | success | answers naming the first arm | levels with "
              "the high-risk arm first | success when it is first | when it is second | order-balanced success |",
              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for run in runs:
-        for path in sorted((run / "trajectories").glob("val_step*.jsonl")):
-            step = int(path.stem.removeprefix("val_step"))
-            for tag, s in summarise(path).items():
+        for step, tags in validation(run).items():
+            for tag, s in tags.items():
                 lines.append(f"| {run.name} | {step} | {tag} | {s['episodes']} | {s['success']:.3f} | "
                              f"{s['first_arm']:.3f} | {s['high_first']:.3f} | "
                              f"{s['success_high_first']:.3f} | {s['success_low_first']:.3f} | "
@@ -123,16 +129,14 @@ def plot(runs: list[Path], out: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4), sharey=True)
     for i, run in enumerate(runs):
         colour = f"C{i}"
-        val = {int(p.stem.removeprefix("val_step")): summarise(p)
-               for p in sorted((run / "trajectories").glob("val_step*.jsonl"))}
+        val = validation(run)
         for ax, tag in zip(axes[:2], ("Bandit", "BanditTest"), strict=True):
             steps = [s for s in sorted(val) if tag in val[s]]
             ax.plot(steps, [val[s][tag]["success"] for s in steps], "o-", color=colour, label=run.name)
             ax.plot(steps, [val[s][tag]["balanced"] for s in steps], "s--", color=colour, alpha=0.6)
             ax.set_title(f"validation {tag} (solid: success, dashed: order-balanced)", fontsize=9)
-        train = {s: m["train/Bandit/success"] for s, m in read_jsonl(run / "metrics.jsonl").items()
-                 if "train/Bandit/success" in m}
-        axes[2].plot(sorted(train), [train[s] for s in sorted(train)], "-", color=colour, label=run.name)
+        axes[2].plot(*series(read_jsonl(run / "metrics.jsonl"), "train/Bandit/success"), "-",
+                     color=colour, label=run.name)
         axes[2].set_title("training success (each step's episodes)", fontsize=9)
     for ax in axes:
         ax.axhline(0.5, color="grey", lw=0.5)
