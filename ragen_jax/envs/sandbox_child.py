@@ -8,11 +8,18 @@ never their expected outputs, which stay in the parent). Standard library only, 
 ``pyseccomp`` and ``landlock`` from the directories given on the command line; those are
 dropped from ``sys.path`` before the program runs.
 
-Order matters: the job is read and deleted, the resource limits set and every capability
-dropped, the file-system and system-call rules are applied (both irreversible, inherited by anything the program could start), and only then
-is the program's text compiled and run. Each result line is JSON: ``{"i": test index,
-"ok": ran without raising, "out": the test's stdout (stdin tests) or ``str`` of the return
-value (function tests), "json": the return value as JSON when it has one, "err": the error}``.
+Order matters: the job is read and deleted; the working directory becomes a size-bounded
+tmpfs of the child's own (a user and mount namespace: the folder's quota in bytes and files,
+gone with the process); the resource limits are set and every capability dropped; the
+file-system, signal-scope and system-call rules are applied (all irreversible, inherited by
+anything the program could start); only then is the program's text compiled and run.
+
+The first line on the results descriptor says how the child is confined (``{"setup":
+{"folder": "tmpfs" or why not, "signals": "landlock" or why not}}``), so the parent can
+watch the folder itself and say in its log what this kernel lacks. Each later line is JSON:
+``{"i": test index, "ok": ran without raising, "out": the test's stdout (stdin tests) or
+``str`` of the return value (function tests), "json": the return value as JSON when it has
+one, "err": the error}``.
 """
 
 import ctypes
@@ -27,6 +34,17 @@ JOB = "job.json"
 
 PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
 CAP_VERSION_3 = 0x20080522
+CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
+# Landlock's system calls have one number on every architecture (the generic table).
+LANDLOCK_CREATE_RULESET, LANDLOCK_RESTRICT_SELF = 444, 446
+LANDLOCK_CREATE_RULESET_VERSION = 1
+LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET, LANDLOCK_SCOPE_SIGNAL = 0x1, 0x2
+# fcntl commands and ioctl requests that make the kernel signal a chosen process or group
+# (a file's owner gets SIGIO, or any signal F_SETSIG names, when the file is ready):
+# kill() by another name.
+F_SETOWN, F_SETSIG, F_SETOWN_EX = 8, 10, 15
+FIOSETOWN, SIOCSPGRP = 0x8901, 0x8902
 
 
 def _capset_number() -> int:
@@ -35,12 +53,74 @@ def _capset_number() -> int:
     return {"aarch64": 91, "arm64": 91, "ppc64le": 184, "s390x": 185}.get(platform.machine(), 126)
 
 
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _errno_text(what: str) -> str:
+    err = ctypes.get_errno()
+    return f"{what}: {os.strerror(err)} (errno {err})"
+
+
+def private_folder(size_mb: int, files: int, wanted: bool = True) -> str:
+    """Mounts a tmpfs of ``size_mb`` MiB and ``files`` inodes over the working directory, in
+    a user and mount namespace of the child's own: the program's folder quota, exact (the
+    kernel answers ENOSPC), and nothing it writes reaches the real disk or outlives it.
+    Returns "tmpfs", or why not (a kernel or container without unprivileged user
+    namespaces): the caller then watches the folder from outside."""
+    if not wanted:
+        return "not asked for (code_sandbox.PRIVATE_FOLDER is False)"
+    libc = _libc()
+    here = os.getcwd()
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0:
+        return _errno_text("no user namespace")
+    try:  # this uid and gid as themselves (files it makes stay ours, not "nobody")
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                           ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as fh:
+                fh.write(text)
+    except OSError as e:
+        return f"no user namespace: {e}"
+    if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        return _errno_text("no private mount namespace")
+    options = f"size={int(size_mb)}m,nr_inodes={int(files) + 1},mode=0700".encode()
+    if libc.mount(b"ragen_sandbox", here.encode(), b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                  options) != 0:
+        return _errno_text("no tmpfs")
+    os.chdir(here)  # the new mount, not the directory under it
+    return "tmpfs"
+
+
+def scope_signals() -> str:
+    """Landlock's scoping (ABI >= 6, Linux 6.12): no signal leaves this process's domain,
+    whether sent by kill or by the kernel on a file's owner's behalf (SIGIO, F_SETSIG), and
+    no abstract Unix socket outside it is reached. A second line of defence behind seccomp's
+    rules. Returns "landlock", or why not."""
+    libc = _libc()
+    abi = libc.syscall(ctypes.c_long(LANDLOCK_CREATE_RULESET), None, ctypes.c_size_t(0),
+                       ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION))
+    if abi < 6:
+        return f"Landlock ABI {max(abi, 0)} has no signal scoping (it needs ABI 6, Linux >= 6.12)"
+    attr = (ctypes.c_uint64 * 3)(0, 0, LANDLOCK_SCOPE_SIGNAL | LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET)
+    fd = libc.syscall(ctypes.c_long(LANDLOCK_CREATE_RULESET), attr, ctypes.c_size_t(ctypes.sizeof(attr)),
+                      ctypes.c_uint32(0))
+    if fd < 0:
+        return _errno_text("Landlock refused a scoped ruleset")
+    try:
+        if libc.syscall(ctypes.c_long(LANDLOCK_RESTRICT_SELF), ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
+            return _errno_text("Landlock refused the signal scope")
+    finally:
+        os.close(fd)
+    return "landlock"
+
+
 def limit(rlimits: dict) -> None:
     """Resource limits (``{name: [soft, hard]}``: none can be raised past its hard value), no
     new privileges, and no capabilities at all: for a root child this makes root powerless."""
     for name, (soft, hard) in rlimits.items():
         resource.setrlimit(getattr(resource, name), (soft, hard))
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc()
     if os.geteuid() == 0:
         try:
             last = int(open("/proc/sys/kernel/cap_last_cap").read())
@@ -56,10 +136,12 @@ def limit(rlimits: dict) -> None:
         raise OSError(ctypes.get_errno(), "prctl: could not set no_new_privs")
 
 
-def confine(libdirs: list) -> None:
+def confine(libdirs: list) -> str:
     """Landlock: read (and import) only the interpreter's own directories and shared
-    libraries; read and write only the working directory. seccomp: no sockets, no new
-    processes or programs, no signals to other processes, no kernel-level escapes."""
+    libraries; read and write only the working directory; signals scoped to itself where the
+    kernel can. seccomp: no sockets, no new processes or programs, no signals to other
+    processes (nor a file owner that would receive them), no kernel-level escapes. Returns
+    what ``scope_signals`` said."""
     sys.path[:0] = libdirs
     import landlock
     import pyseccomp as sc
@@ -73,6 +155,7 @@ def confine(libdirs: list) -> None:
     # Everything in its own directory but device nodes.
     ruleset.allow(here, rules=ruleset.restrict_rules & ~(fs.MAKE_CHAR | fs.MAKE_BLOCK))
     ruleset.apply()
+    signals = scope_signals()
 
     pid = os.getpid()
     f = sc.SyscallFilter(defaction=sc.ALLOW)
@@ -99,10 +182,18 @@ def confine(libdirs: list) -> None:
     f.add_rule(sc.ERRNO(38), "clone3")
     for name in ("kill", "tkill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo"):
         f.add_rule(eperm, name, sc.Arg(0, sc.NE, pid))
+    # The kernel reads fcntl's command and ioctl's request as 32-bit: the high half is masked
+    # off here too, or 1 << 32 | F_SETOWN would pass the filter and still mean F_SETOWN.
+    low = 0xFFFFFFFF
+    for cmd in (F_SETOWN, F_SETSIG, F_SETOWN_EX):
+        f.add_rule(eperm, "fcntl", sc.Arg(1, sc.MASKED_EQ, low, cmd))
+    for request in (FIOSETOWN, SIOCSPGRP):
+        f.add_rule(eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, low, request))
     f.load()
     del sys.path[:len(libdirs)]
     for name in [m for m in sys.modules if m in ("landlock", "pyseccomp") or m.startswith("landlock.")]:
         del sys.modules[name]
+    return signals
 
 
 class CappedText(io.StringIO):
@@ -156,9 +247,11 @@ def main() -> None:
         job = json.load(fh)
     os.unlink(JOB)
     results = os.fdopen(int(sys.argv[1]), "w", buffering=1, encoding="utf-8")
+    setup = {"folder": private_folder(*job["folder"]), "signals": "not confined"}
     limit(job["rlimits"])
     if sys.argv[2:] != ["--unconfined"]:
-        confine(sys.argv[2:])
+        setup["signals"] = confine(sys.argv[2:])
+    results.write(json.dumps({"setup": setup}) + "\n")
     try:
         code = compile(job["code"], "<solution>", "exec")
     except (SyntaxError, ValueError) as e:

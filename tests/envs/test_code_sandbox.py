@@ -1,18 +1,30 @@
-"""The code sandbox against programs that try to escape it: each attempt fails inside the
-program (or the program is stopped), costs only its own run, and leaves nothing behind;
-ordinary programs (stdin, functions, threads, files in their own directory) still work."""
+"""The code sandbox against programs that try to escape it (signals through a file's owner,
+the folder's quota included): each attempt fails inside the program (or the program is
+stopped), costs only its own run, and leaves nothing behind; ordinary programs (stdin,
+functions, threads, files in their own directory) still work."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import platform
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
+from ragen_jax.envs import code_sandbox
 from ragen_jax.envs.code_sandbox import SandboxLimits, confinement_problem, run_program
+from tests.envs.escape_trainer import ESCAPE
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(confinement_problem() is not None,
                                 reason=str(confinement_problem()))
@@ -170,3 +182,182 @@ def test_runs_in_parallel_threads_stay_apart():
     for t in threads:
         t.join()
     assert results == {n: f"{n * 2}\n" for n in range(6)}
+
+
+# -- signals through a file's owner ------------------------------------------------------------
+
+# fcntl's system call number, for a call with the command's high half set (the kernel reads the
+# command as 32-bit, so a filter comparing 64 bits would let it through).
+FCNTL_NR = {"x86_64": 72, "aarch64": 25}.get(platform.machine())
+OWNER_ROUTES = {
+    "F_SETOWN + F_SETSIG to the caller's group": ESCAPE.format(target="-os.getpgid(os.getppid())"),
+    "F_SETOWN + F_SETSIG to a stranger": ESCAPE.format(target="{stranger}"),
+    "F_SETOWN_EX to the caller's group": (
+        "import fcntl, os, struct\nr, w = os.pipe()\n"
+        "fcntl.fcntl(r, 15, struct.pack('ii', 2, os.getpgid(os.getppid())))"),
+    "F_SETSIG alone": "import fcntl, os\nr, w = os.pipe()\nfcntl.fcntl(r, 10, 9)",
+    "ioctl FIOSETOWN": "import fcntl, os, struct\nr, w = os.pipe()\nfcntl.ioctl(r, 0x8901, struct.pack('i', {stranger}))",
+    "ioctl SIOCSPGRP": "import fcntl, os, struct\nr, w = os.pipe()\nfcntl.ioctl(r, 0x8902, struct.pack('i', {stranger}))",
+    "F_SETOWN with the command's high bits set": (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nr, w = os.pipe()\n"
+        f"rc = libc.syscall({FCNTL_NR}, r, ctypes.c_uint64((1 << 32) | 8), {{stranger}})\n"
+        "if rc != 0:\n    raise PermissionError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))"),
+}
+
+
+@pytest.fixture
+def stranger():
+    """An unrelated process in a session of its own, that nothing here may signal."""
+    proc = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _as_a_trainer(script: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``script`` run by a stand-in trainer: a Python process leading a process group of its
+    own (the one the programs aim at), never this test process's."""
+    return subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, start_new_session=True)
+
+
+def test_no_file_owner_can_be_set_to_signal_another_process(stranger):
+    """The adversarial pass's reproduction and its variants: each program fails with EPERM at
+    the call that names an owner, the stand-in trainer's group and the stranger live on."""
+    if FCNTL_NR is None:
+        pytest.skip(f"fcntl's system call number on {platform.machine()} is not in this test")
+    codes = {what: code.replace("{stranger}", str(stranger.pid)) for what, code in OWNER_ROUTES.items()}
+    script = ("import json\nfrom ragen_jax.envs.code_sandbox import run_program\n"
+              f"codes = {codes!r}\nout = {{}}\n"
+              "for what, code in codes.items():\n"
+              "    runs, stopped = run_program(code, [{'kind': 'stdin', 'stdin': ''}])\n"
+              "    out[what] = [runs[0].ran, runs[0].error, stopped]\n"
+              "print(json.dumps(out))")
+    done = _as_a_trainer(script)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    for what, (ran, error, stopped) in results.items():
+        assert not ran and stopped is None, (what, error)
+        assert error.startswith("PermissionError") and "Errno 1]" in error, (what, error)
+    assert stranger.poll() is None
+
+
+def _landlock_abi() -> int:
+    import landlock
+
+    return landlock.landlock_abi_version()
+
+
+def test_landlocks_signal_scope_alone_stops_the_file_owner_route(stranger):
+    """The second line of defence by itself (no seccomp rules): F_SETOWN is allowed but the
+    kernel delivers no signal outside the program's Landlock domain."""
+    if _landlock_abi() < 6:
+        pytest.skip("the kernel's Landlock has no signal scoping (ABI < 6, Linux < 6.12)")
+    program = (
+        "import ctypes, fcntl, os, time\n"
+        "from ragen_jax.envs import sandbox_child\n"
+        "assert ctypes.CDLL(None).prctl(38, 1, 0, 0, 0) == 0  # no_new_privs\n"
+        "assert sandbox_child.scope_signals() == 'landlock'\n"
+        f"for target in (-os.getpgid(os.getppid()), {stranger.pid}):\n"
+        "    r, w = os.pipe()\n"
+        "    fcntl.fcntl(r, fcntl.F_SETOWN, target)\n"
+        "    fcntl.fcntl(r, 10, 9)\n"
+        "    fcntl.fcntl(r, fcntl.F_SETFL, fcntl.fcntl(r, fcntl.F_GETFL) | os.O_ASYNC)\n"
+        "    os.write(w, b'x')\n"
+        "time.sleep(0.2)\nprint('wrote')")
+    script = ("import subprocess, sys\n"
+              f"done = subprocess.run([sys.executable, '-c', {program!r}], capture_output=True, text=True, start_new_session=True)\n"
+              "print(done.returncode, done.stdout.strip(), done.stderr[-500:])")
+    done = _as_a_trainer(script, timeout=60)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.startswith("0 wrote"), done.stdout
+    assert stranger.poll() is None
+
+
+def test_a_deepcoder_run_whose_answers_are_the_escape_lives(tmp_path, stranger):
+    """Acceptance: a 2-step DeepCoder run (the env in its worker processes, the micro model)
+    whose every answer is the reproduction, aimed at the trainer's group or at a stranger,
+    finishes both steps; the programs fail their tests; nothing is left under the temp dir."""
+    before = set(Path(tempfile.gettempdir()).glob(code_sandbox.PREFIX + "*"))
+    done = subprocess.run([sys.executable, "-m", "tests.envs.escape_trainer", str(tmp_path),
+                           str(stranger.pid)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=400, start_new_session=True)
+    assert done.returncode == 0, (done.returncode, done.stdout[-1000:], done.stderr[-2000:])
+    assert json.loads(done.stdout.strip().splitlines()[-1])["step"] == 2
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train = [m for m in metrics if "train/DeepCoder/success" in m]
+    assert len(train) == 2 and all(m["train/DeepCoder/success"] == 0 for m in train)
+    assert all(m["rollout/env_errors"] == 0 for m in train)  # played, not crashed
+    assert stranger.poll() is None
+    assert set(Path(tempfile.gettempdir()).glob(code_sandbox.PREFIX + "*")) <= before
+
+
+# -- the program's folder --------------------------------------------------------------------
+
+
+@pytest.fixture(params=["tmpfs", "watched"])
+def folder_mode(request, monkeypatch):
+    """Both ways a folder is bounded: the child's own tmpfs (the kernel's ENOSPC) and the
+    fallback where the parent watches a folder on the real disk and stops the program."""
+    if request.param == "watched":
+        monkeypatch.setattr(code_sandbox, "PRIVATE_FOLDER", False)
+    else:
+        run("print(1)")
+        if code_sandbox.last_setup.get("folder") != "tmpfs":
+            pytest.skip(f"no private tmpfs here: {code_sandbox.last_setup.get('folder')}")
+    return request.param
+
+
+def _folders() -> set[Path]:
+    return {p for p in Path(tempfile.gettempdir()).glob(f"{code_sandbox.PREFIX}{os.getpid()}_*")}
+
+
+@pytest.mark.parametrize("code", [
+    # bytes: many files, each under the file-size limit, past the folder's total
+    "for i in range(100):\n    open(f'f{i}', 'wb').write(b'x' * (1 << 20))",
+    # files: empty files without end
+    "i = 0\nwhile True:\n    open(f'f{i}', 'w').close()\n    i += 1",
+    # folders without end
+    "import os\ni = 0\nwhile True:\n    os.mkdir(f'd{i}')\n    i += 1",
+])
+def test_the_folder_has_a_quota(folder_mode, code):
+    runs, stopped, took = run(code, folder_mb=8, folder_files=64)
+    assert not runs[0].ran and took < 5
+    if folder_mode == "tmpfs":
+        assert stopped is None and "No space left on device" in runs[0].error, runs[0].error
+    else:
+        assert stopped == "folder limit", (stopped, runs[0].error)
+    assert not _folders()
+
+
+def test_the_folder_is_removed_whatever_the_program_did(folder_mode):
+    code = ("import os\nos.makedirs('a/b')\nopen('a/b/f', 'w').write('x')\n"
+            "os.chmod('a/b', 0)\nos.chmod('a', 0)\nos.symlink('/etc', 'etc')\nos.chmod('.', 0)")
+    runs, stopped, _ = run(code)
+    assert runs[0].ran and stopped is None, runs[0].error
+    assert not _folders() and os.path.isdir("/etc")
+
+
+def test_the_kernels_missing_pieces_are_said_once(monkeypatch, caplog):
+    monkeypatch.setattr(code_sandbox, "PRIVATE_FOLDER", False)
+    monkeypatch.setattr(code_sandbox, "_said", set())
+    with caplog.at_level(logging.WARNING, logger=code_sandbox.__name__):
+        run("print(1)")
+        run("print(2)")
+    notes = [r.getMessage() for r in caplog.records if "folder quota" in r.getMessage()]
+    assert len(notes) == 1 and "not asked for" in notes[0], notes
+
+
+def test_a_killed_callers_folders_are_removed_by_the_next_caller(tmp_path, monkeypatch, stranger):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tmp_path / f"{code_sandbox.PREFIX}{dead.pid}_abc"
+    (stale / "d").mkdir(parents=True)
+    (stale / "d" / "f").write_text("x")
+    live = tmp_path / f"{code_sandbox.PREFIX}{stranger.pid}_abc"
+    live.mkdir()
+    other = tmp_path / "unrelated"
+    other.mkdir()
+    code_sandbox._remove_stale_folders.__wrapped__()
+    assert not stale.exists() and live.exists() and other.exists()

@@ -1,0 +1,52 @@
+"""A stand-in trainer for ``test_code_sandbox``'s end-to-end test (run as ``python -m
+tests.envs.escape_trainer OUT PID``): a 2-step DeepCoder run on the micro model in which every
+answer is a program that asks the kernel to SIGKILL, as a pipe's owner, either this trainer's
+whole process group (even rows) or the unrelated process ``PID`` (odd rows). It prints the
+run's summary as JSON when it lives to the end."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from ragen_jax.rollout import ScriptedPolicy
+from ragen_jax.rollout.scripted import answer_text
+from ragen_jax.schema import from_config_dict
+from ragen_jax.train_state import load_tokenizer
+from tests.test_train import micro_config
+
+ESCAPE = """import fcntl, os
+r, w = os.pipe()
+fcntl.fcntl(r, fcntl.F_SETOWN, {target})
+fcntl.fcntl(r, 10, 9)  # F_SETSIG: SIGKILL instead of SIGIO
+fcntl.fcntl(r, fcntl.F_SETFL, fcntl.fcntl(r, fcntl.F_GETFL) | os.O_ASYNC)
+os.write(w, b'x')
+print('signalled')"""
+
+
+class EscapingPolicy(ScriptedPolicy):
+    """The sampler's stand-in: the escape program as every answer; training changes nothing."""
+
+    def update(self, model) -> None:
+        del model
+
+
+def main(out: str, unrelated_pid: int) -> None:
+    import ragen_jax.train as train
+
+    config = micro_config(out, steps=2, env="deepcoder", extra=(
+        "--config.rollout.response_length=384", "--config.rollout.max_model_len=1024",
+        "--config.warmstart.steps=0", "--config.trainer.val_before_train=False",
+        "--config.diagnostics.compute_freq=0"))
+    run = from_config_dict(config)
+    tok = load_tokenizer(run.model)
+    targets = ["-os.getpgid(os.getppid())", str(unrelated_pid)]  # the trainer's group; a stranger
+    policy = EscapingPolicy.from_texts(tok, lambda row, call: answer_text(
+        [ESCAPE.format(target=targets[row % 2])], run.rollout.context))
+    train.Sampler.for_rollout = staticmethod(lambda model, rollout, pad_id=0: policy)
+    summary = train.run(run)
+    print(json.dumps({k: v for k, v in summary.items() if isinstance(v, (int, float, str))}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))
