@@ -71,6 +71,34 @@ REMAT_POLICIES = {
 # "xla"; "dpa_xla": the cudnn path's plumbing with JAX's own XLA implementation in place of
 # cuDNN's kernel (a check of it that runs anywhere, not a faster path).
 ATTENTION_IMPLS = ("xla", "cudnn", "auto", "dpa_xla")
+# The fused path pads its sequences to a multiple of this: cuDNN's flash attention refuses odd
+# lengths when it trains with a mask (per-row lengths are one), and whole 64-token tiles are
+# its fastest shapes.
+FLASH_MULTIPLE = 64
+FLASH_HEAD_DIM_MAX = 128  # 256 on Hopper and later; 128 is what every cuDNN GPU takes
+_said_fallback: set[str] = set()
+
+
+def flash_attention_problem(q_shape: tuple[int, ...], kv_shape: tuple[int, ...], dtype) -> str | None:
+    """Why cuDNN's flash attention (``jax.nn.dot_product_attention(implementation="cudnn")``,
+    BTNH layout, with per-row lengths, in training) would refuse ``q [B, T, H, D]`` and ``k``/``v``
+    ``[B, S, K, D]`` of ``dtype``, or None. Our own predicate, written from the conditions of
+    jax's ``check_is_flash_attention`` (jax 0.10-0.11), on the safe side where they depend on
+    the GPU: a bf16/fp16 dtype; a head dim that is a multiple of 8 and at most 128; even query
+    and key lengths (a mask or lengths count as a bias there); query and key heads that divide
+    (GQA); the same head dim for keys and values (no MLA)."""
+    (_, t, h, d), (_, s, k, dv) = q_shape, kv_shape
+    if not _half(dtype):
+        return f"dtype {jnp.dtype(dtype).name} (cuDNN's flash attention takes bfloat16 or float16)"
+    if d % 8 or d > FLASH_HEAD_DIM_MAX:
+        return f"head dim {d} (a multiple of 8, at most {FLASH_HEAD_DIM_MAX})"
+    if dv != d:
+        return f"value head dim {dv} != query head dim {d}"
+    if t % 2 or s % 2:
+        return f"sequence lengths Q {t}, KV {s} (even lengths in training with a mask)"
+    if h % k:
+        return f"{h} query heads over {k} key/value heads"
+    return None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -173,9 +201,16 @@ class QwenConfig:
         (``attention_impl``), or None for ``attend``'s materialised scores. "auto" decides
         here, when a model is traced: cuDNN on a CUDA GPU with a bf16/fp16 compute dtype and a
         head dim its kernels take on any such GPU (a multiple of 8, at most 128)."""
+        fits = self.head_dim % 8 == 0 and self.head_dim <= FLASH_HEAD_DIM_MAX
         if self.attention_impl == "auto":
-            fits = self.head_dim % 8 == 0 and self.head_dim <= 128
             return "cudnn" if fits and _half(self.dtype) and _cuda() else None
+        if self.attention_impl == "cudnn" and not fits:  # lengths are padded; a head dim is not
+            note = (f"attention_impl 'cudnn': head dim {self.head_dim} is not one cuDNN's flash "
+                    f"attention takes (a multiple of 8, at most {FLASH_HEAD_DIM_MAX}); using xla")
+            if note not in _said_fallback:
+                _said_fallback.add(note)
+                print(note, flush=True)
+            return None
         return {"xla": None, "cudnn": "cudnn", "dpa_xla": "xla"}[self.attention_impl]
 
     @property
@@ -603,7 +638,9 @@ def attend_compacted(q, k, v, token_mask, implementation: str = "cudnn"):
     becomes cuDNN's causal mask with per-row lengths; the outputs are moved back. Padding
     tokens' outputs are 0 (``attend`` gives them a finite average nobody reads), and no
     gradient flows through them: the inputs and outputs past a row's length are zeroed by a
-    select, whatever a kernel leaves there.
+    select, whatever a kernel leaves there. The compacted rows are padded to a multiple of
+    ``FLASH_MULTIPLE`` tokens (lengths cuDNN's kernel takes, ``flash_attention_problem``)
+    and cut back after.
     """
     b, t = token_mask.shape
     mask = token_mask.astype(bool)
@@ -617,13 +654,16 @@ def attend_compacted(q, k, v, token_mask, implementation: str = "cudnn"):
     def move(a, index):  # [B, T, N, D] rows reordered by index [B, T]
         return jnp.take_along_axis(a, index[:, :, None, None], axis=1)
 
-    def compact(a):
-        return jnp.where(real[:, :, None, None], move(a.astype(q.dtype), source),
-                         jnp.zeros((), q.dtype))
+    padded = -(-t // FLASH_MULTIPLE) * FLASH_MULTIPLE
+
+    def compact(a):  # [B, T, N, D] -> [B, padded, N, D]
+        a = jnp.where(real[:, :, None, None], move(a.astype(q.dtype), source),
+                      jnp.zeros((), q.dtype))
+        return jnp.pad(a, ((0, 0), (0, padded - t), (0, 0), (0, 0)))
 
     out = jax.nn.dot_product_attention(
         compact(q), compact(k), compact(v), is_causal=True, query_seq_lengths=lengths,
-        key_value_seq_lengths=lengths, implementation=implementation)
+        key_value_seq_lengths=lengths, implementation=implementation)[:, :t]
     out = jnp.where(real[:, :, None, None], out, jnp.zeros((), out.dtype))
     return move(out, dest)
 

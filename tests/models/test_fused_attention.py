@@ -7,6 +7,8 @@ rows; "auto" stays "xla" on a CPU."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +17,7 @@ from flax import nnx
 
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
 from ragen_jax.models.kv_cache import positions_from_mask
-from ragen_jax.models.qwen import attend, attend_compacted, mask_causal
+from ragen_jax.models.qwen import attend, attend_compacted, flash_attention_problem, mask_causal
 from ragen_jax.schema import ConfigError, ModelConfig
 
 CFG = QwenConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -98,3 +100,62 @@ def test_auto_is_xla_on_cpu_and_cudnn_needs_half_precision():
     assert ModelConfig(attention_impl="auto").attention_impl == "auto"
     with pytest.raises(ConfigError, match="attention_impl"):
         ModelConfig(attention_impl="cudnn")  # model.dtype float32
+
+
+def test_flash_attention_predicate_follows_jaxs_conditions():
+    bf16 = jnp.bfloat16
+    assert flash_attention_problem((2, 64, 9, 64), (2, 64, 3, 64), bf16) is None
+    assert "Q 233" in flash_attention_problem((2, 233, 9, 64), (2, 233, 3, 64), bf16)
+    assert "head dim 60" in flash_attention_problem((2, 64, 2, 60), (2, 64, 1, 60), bf16)
+    assert "head dim 256" in flash_attention_problem((2, 64, 2, 256), (2, 64, 1, 256), bf16)
+    assert "float32" in flash_attention_problem((2, 64, 2, 64), (2, 64, 1, 64), jnp.float32)
+
+
+def test_a_cudnn_head_dim_the_kernel_cannot_take_falls_back_to_xla(capsys):
+    config = CFG.replace(head_dim=10, attention_impl="cudnn", dtype=jnp.bfloat16)
+    assert config.fused_attention() is None and config.fused_attention() is None
+    assert capsys.readouterr().out.count("using xla") == 1  # said once
+
+
+def test_every_cudnn_call_of_a_real_model_presets_run_meets_flash_attentions_conditions(
+        tmp_path, monkeypatch):
+    """FrozenLake's real-model preset (smollm2-135m's settings: stop strings, shared prompts in
+    the update, diagnostics, validation) with a format-only warm start, on a micro random model
+    (``preset=tiny`` after the preset is applied: no folder) of SmolLM2's head layout (head
+    dim 64, 3 query heads a key/value head) with cuDNN attention:
+    every call that would reach cuDNN's kernel, recorded (and run by XLA here), meets its
+    conditions. Before the fused path padded its lengths, the warm start's shared prefix
+    reached it at an odd length."""
+    from ragen_jax.config import load_config
+    from ragen_jax.train import run
+
+    calls = []
+    original = jax.nn.dot_product_attention
+
+    def recording(q, k, v, *args, implementation=None, **kw):
+        if implementation == "cudnn":
+            calls.append((q.shape, k.shape, q.dtype))
+            implementation = "xla"
+        return original(q, k, v, *args, implementation=implementation, **kw)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", recording)
+    root = Path(__file__).resolve().parents[2]
+    config = load_config([
+        "--config", str(root / "configs/frozenlake.py:smollm2-135m"),
+        f"--config.trainer.output_dir={tmp_path}", "--config.trainer.total_steps=1",
+        "--config.trainer.progress=False", "--config.trainer.test_freq=1",
+        "--config.model.hidden_size=192", "--config.model.num_attention_heads=3",
+        "--config.model.num_key_value_heads=1", "--config.model.intermediate_size=128",
+        "--config.model.num_hidden_layers=1", "--config.model.dtype=bfloat16",
+        "--config.model.attention_impl=cudnn", "--config.preset=tiny",
+        "--config.rollout.env_groups=2", "--config.rollout.group_size=2",
+        "--config.rollout.val_groups=2", "--config.rollout.response_length=16",
+        "--config.actor.ppo_mini_batch_size=4", "--config.actor.micro_batches=1",
+        "--config.warmstart.steps=1", "--config.warmstart.episodes=4",
+        "--config.warmstart.batch_size=4", "--config.warmstart.cache=False",
+        "--config.diagnostics.compute_freq=1", "--config.diagnostics.num_samples=2",
+        "--config.diagnostics.trajectory_samples=2"])
+    assert run(config)["step"] == 1
+    assert len(calls) > 2  # the warm start's, the update's, the diagnostics'
+    problems = {flash_attention_problem(*c) for c in calls} - {None}
+    assert not problems, problems
