@@ -12,10 +12,17 @@ session after ``--session-ttl`` idle seconds) opens a new one, so a server that 
 mid-episode costs that episode and the next reset plays on. The server runs its envs in worker
 processes under its own ``step_timeout``; give ``timeout`` more than that, so that a call
 queued behind another session's hang is not taken for a dead server.
+
+A server started with a token (``--token``, or ``RAGEN_JAX_ENV_TOKEN`` in its environment) needs
+it with every request: the ``token`` param, else ``RAGEN_JAX_ENV_TOKEN`` in the trainer's
+environment (which keeps it out of the run's saved config), goes as ``Authorization: Bearer``.
+The server's refusals (a missing token, its limits on sessions, bodies and actions) are
+``RemoteEnvError``s with the server's reason, never retried.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -24,6 +31,7 @@ import numpy as np
 from ragen_jax.envs.host import HostEnv
 
 RETRY_BACKOFF = 0.2  # seconds before the first retry, doubled for each next one
+TOKEN_ENV = "RAGEN_JAX_ENV_TOKEN"  # the server's bearer token, when the params give none
 
 
 class RemoteEnvError(RuntimeError):
@@ -34,15 +42,17 @@ class RemoteEnv(HostEnv):
     """One session of an env served over HTTP (see the module docstring)."""
 
     def __init__(self, url: str, timeout: float = 30.0, connect_timeout: float = 5.0,
-                 retries: int = 3):
+                 retries: int = 3, token: str | None = None):
         import httpx
 
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"env.params.url must be an http(s) URL, got {url!r}")
         if retries < 0 or timeout <= 0 or connect_timeout <= 0:
             raise ValueError("env.params.retries must be >= 0 and the timeouts > 0")
+        token = token or os.environ.get(TOKEN_ENV) or None
+        headers = {} if token is None else {"Authorization": f"Bearer {token}"}
         self.url, self.retries, self.httpx = url.rstrip("/"), int(retries), httpx
-        self.client = httpx.Client(base_url=self.url, timeout=httpx.Timeout(
+        self.client = httpx.Client(base_url=self.url, headers=headers, timeout=httpx.Timeout(
             timeout, connect=connect_timeout))
         info = self._call("GET", "/info", idempotent=True)
         self._name, self.instruction = str(info["name"]), str(info["instruction"])

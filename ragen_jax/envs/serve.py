@@ -25,6 +25,31 @@ idempotent (a client may retry them); ``step`` is not. A session idle for longer
 instance after an env error, does not hold it forever; ``RemoteEnv`` opens a new session when a
 reset finds its own gone).
 
+Any client that reaches the port can call it, so the server bounds what one can take
+(``Limits``: each a flag, its default in parentheses) and refuses the rest with a one-line
+``{"error"}``:
+
+* a body over ``--max-body-bytes`` (1 MiB) is ``413``; a body that is not a JSON object
+  (malformed, or nested deeper than the JSON parser recurses) is ``400``, as is a field of the
+  wrong type (``seed`` an int in [-2**63, 2**64));
+* a client (an IP address; behind a proxy, every client is the proxy's) holding
+  ``--max-sessions-per-client`` sessions (1024) gets ``429`` for the next, and the server
+  holding ``--max-sessions`` (4096) ``503``; sessions idle for ``--session-ttl`` seconds (600)
+  are closed first, so abandoned ones free their places;
+* a session keeps the actions played since its reset, to rebuild its instance by replay if
+  its worker dies; so an action over ``--max-action-chars`` characters (65536) is ``413``, an
+  episode whose kept actions would pass ``--max-history-bytes`` (256 KiB, as Python sizes the
+  strings: an ASCII action costs its length plus 57) is ``413``, and a step on a finished
+  episode is ``409`` (reset it to play another);
+* ``rng_state`` must be a ``PCG64`` state (numpy's ``default_rng``, what the rollout uses),
+  every field an int in its range; anything else is ``400``: other bit generators' states are
+  never built, as numpy's setters trust them (a crafted MT19937 position crashes the worker);
+* with a token (``--token`` or the ``RAGEN_JAX_ENV_TOKEN`` environment variable), every
+  request needs ``Authorization: Bearer TOKEN`` (``401`` without it; compared in constant
+  time). The default bind is loopback; any other ``--host`` refuses to start without a token.
+  ``RemoteEnv`` sends its ``token`` param or the same environment variable (which keeps it
+  out of the run's saved config).
+
 The instances live in worker processes (``envs.processes``), not in the server: a session is a
 row of a ``ProcessPool`` of ``--workers`` processes (default: the env's ``max_workers`` if it is
 ``parallel_friendly``, else 1), driven by one thread (``PoolService``) while the event loop
@@ -44,10 +69,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
+import dataclasses
 import functools
+import hmac
+import ipaddress
 import itertools
 import json
+import math
 import os
 import sys
 import time
@@ -60,6 +90,7 @@ import numpy as np
 from ragen_jax.envs import levels
 from ragen_jax.envs.host import HostEnv, HostEnvFamily
 from ragen_jax.envs.processes import Histories, Job, PoolService, ProcessPool, TurnProgress
+from ragen_jax.envs.remote import TOKEN_ENV
 
 
 class JaxAsHost(HostEnv):
@@ -132,25 +163,54 @@ def env_family(name: str, params: dict[str, Any]) -> HostEnvFamily:
 
 
 NO_INSTANCE = "no env instance for this session (reset it: a failed call drops its instance)"
+SEED_RANGE = (-2**63, 2**64)  # any int64 or uint64 seed; a longer int is refused, not parsed by the env
+SLOT_BYTES = 8  # the list slot each kept action takes besides its string
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """What one client may take from the server (the module docstring says why each exists).
+
+    The defaults fit a trainer: it holds one session per rollout row (training, validation and
+    the warm-start's, a few hundred), its actions are a model's answers (a few thousand
+    characters at most), and it is idle between turns for a generation's time (seconds to a
+    minute), which ``session_ttl`` must exceed or a slow turn loses its episode.
+    """
+
+    max_sessions: int = 4096
+    max_sessions_per_client: int = 1024
+    session_ttl: float = 600.0  # seconds
+    max_body_bytes: int = 2**20
+    max_action_chars: int = 65536
+    max_history_bytes: int = 2**18
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not value > 0 or not math.isfinite(value):
+                raise ValueError(f"{field.name} must be > 0 and finite, got {value}")
 
 
 class _Session:
-    def __init__(self, row: int):
-        self.row, self.lock, self.used = row, asyncio.Lock(), time.monotonic()
+    def __init__(self, row: int, client: str):
+        self.row, self.client, self.lock = row, client, asyncio.Lock()
+        self.used = time.monotonic()
+        self.done = False  # the episode ended: steps are refused until a reset
+        self.kept = 0  # bytes of the actions kept since the reset (for replay)
 
 
 class _EnvServer:
     """The server's state and endpoints: sessions (each a row of the pool), their histories
     (for rebuilding a crashed worker's rows) and the pool's driver thread."""
 
-    def __init__(self, family: HostEnvFamily, workers: int, max_sessions: int,
-                 session_ttl: float):
+    def __init__(self, family: HostEnvFamily, workers: int, limits: Limits):
         self.service = PoolService(ProcessPool(family.factory, workers, family.step_timeout,
                                                memory_limit_mb=family.memory_limit_mb))
         self.info = {k: family.info[k] for k in ("name", "instruction")}
         self.info["action_names"] = list(family.info.get("action_names", ()))
-        self.max_sessions, self.session_ttl = max_sessions, session_ttl
+        self.limits = limits
         self.sessions: dict[str, _Session] = {}
+        self.per_client: collections.Counter[str] = collections.Counter()
         self.histories = Histories()  # touched on the event loop's thread only
         self.rows = itertools.count()
 
@@ -171,12 +231,15 @@ class _EnvServer:
     def expire(self) -> None:
         now = time.monotonic()
         for sid, session in list(self.sessions.items()):
-            if now - session.used > self.session_ttl and not session.lock.locked():
+            if now - session.used > self.limits.session_ttl and not session.lock.locked():
                 self.close_session(sid)
 
     def close_session(self, sid: str) -> None:
         session = self.sessions.pop(sid, None)
         if session is not None:
+            self.per_client[session.client] -= 1
+            if self.per_client[session.client] <= 0:
+                del self.per_client[session.client]
             self.histories.rows.pop(session.row, None)
             self.service.submit(Job("drop", session.row, ()), lambda job: None)
 
@@ -187,67 +250,90 @@ class _EnvServer:
 
     async def create(self, request: Any) -> Any:
         self.expire()
-        if len(self.sessions) >= self.max_sessions:
-            return _error(503, f"at most {self.max_sessions} sessions")
+        limits = self.limits
+        client = request.client.host if request.client else ""
+        if self.per_client[client] >= limits.max_sessions_per_client:
+            return _error(429, f"this client holds {limits.max_sessions_per_client} sessions, the "
+                               "server's limit per client (--max-sessions-per-client): close one "
+                               "(DELETE /sessions/ID) or wait for idle ones to expire")
+        if len(self.sessions) >= limits.max_sessions:
+            return _error(503, f"at most {limits.max_sessions} sessions")
         sid = uuid.uuid4().hex
-        self.sessions[sid] = _Session(next(self.rows))
+        self.sessions[sid] = _Session(next(self.rows), client)
+        self.per_client[client] += 1
         return _json({"session": sid})
 
     async def close(self, request: Any) -> Any:
         self.close_session(request.path_params["sid"])
         return _json({})
 
-    def call(self, fn: Callable[[int, dict[str, Any]], Any]) -> Callable:
-        """The endpoint that runs ``fn(row, body)`` for the request's session, one call at a
-        time per session; a ``str`` reply is the env's error (500)."""
+    def call(self, fn: Callable[[_Session, dict[str, Any]], Any]) -> Callable:
+        """The endpoint that runs ``fn(session, body)`` for the request's session, one call at a
+        time per session; a ``str`` reply is the env's error (500), a ``_Refused`` the
+        client's."""
         async def endpoint(request: Any) -> Any:
             session = self.sessions.get(request.path_params["sid"])
             if session is None:
                 return _error(404, "unknown session")
             try:
-                body = await request.json()
-            except ValueError:
-                return _error(400, "the body must be JSON")
-            if not isinstance(body, dict):
-                return _error(400, "the body must be a JSON object")
+                body = await _body(request, self.limits.max_body_bytes)
+            except _Refused as e:
+                return _error(e.status, str(e))
             async with session.lock:
                 session.used = time.monotonic()
                 try:
-                    reply = await fn(session.row, body)
-                except _BadRequest as e:
-                    return _error(400, str(e))
+                    reply = await fn(session, body)
+                except _Refused as e:
+                    return _error(e.status, str(e))
                 session.used = time.monotonic()
             if isinstance(reply, str):
                 return _error(500, reply)
             return _json(reply)
         return endpoint
 
-    # A session's calls: (row, body) -> the reply's JSON, or the env's error as a str.
+    # A session's calls: (session, body) -> the reply's JSON, or the env's error as a str.
 
-    async def reset(self, row: int, body: dict[str, Any]) -> dict[str, Any] | str:
+    async def reset(self, session: _Session, body: dict[str, Any]) -> dict[str, Any] | str:
         seed = _field(body, "seed", int)
-        job = await self.run(Job("reset", row, (seed,)), self.histories.reset_done)
+        if not SEED_RANGE[0] <= seed < SEED_RANGE[1]:
+            raise _Refused("'seed' must be in [-2**63, 2**64)")
+        job = await self.run(Job("reset", session.row, (seed,)), self.histories.reset_done)
+        session.done, session.kept = False, 0
         if job.error:
             return job.error
         text, names, key = job.value
         return {"observation": text, "action_names": list(names), "level_key": key}
 
-    async def step(self, row: int, body: dict[str, Any]) -> dict[str, Any] | str:
+    async def step(self, session: _Session, body: dict[str, Any]) -> dict[str, Any] | str:
         action = _field(body, "action", str)
+        limits, row = self.limits, session.row
+        if session.done:
+            raise _Refused("the episode is over: reset the session to play another", 409)
+        if len(action) > limits.max_action_chars:
+            raise _Refused(f"the action has {len(action)} characters, over the server's limit of "
+                           f"{limits.max_action_chars} (--max-action-chars)", 413)
         if row not in self.histories.rows:
             return NO_INSTANCE
+        cost = sys.getsizeof(action) + SLOT_BYTES
+        if session.kept + cost > limits.max_history_bytes:
+            raise _Refused(f"the episode's actions would take {session.kept + cost} bytes on the "
+                           f"server, over its limit of {limits.max_history_bytes} "
+                           "(--max-history-bytes): reset the session", 413)
         job = await self.run(self.histories.job("step", row, ([action],)),
                              self.histories.step_done)
         if job.error:
             return job.error
         p: TurnProgress = job.progress
+        session.kept += cost
+        session.done = p.done
         return {"observation": p.text, "reward": p.reward, "done": p.done,
                 "info": {"success": p.success, "truncated": p.truncated,
                          "action_is_effective": bool(p.effective)},
                 "action_names": list(job.value)}
 
-    async def random_action(self, row: int, body: dict[str, Any]) -> dict[str, Any] | str:
+    async def random_action(self, session: _Session, body: dict[str, Any]) -> dict[str, Any] | str:
         rng = _generator(_field(body, "rng_state", dict))
+        row = session.row
         if row not in self.histories.rows:
             return NO_INSTANCE
         job = await self.run(self.histories.job("random_action", row, (rng,)),
@@ -258,15 +344,39 @@ class _EnvServer:
         return {"action": action, "rng_state": state}
 
 
-def make_app(family: HostEnvFamily, *, workers: int | None = None, max_sessions: int = 4096,
-             session_ttl: float = 3600.0) -> Any:
+class _Authorize:
+    """ASGI middleware: a request without ``Authorization: Bearer TOKEN`` is ``401``, before
+    any route (an unknown path included) sees it."""
+
+    def __init__(self, app: Any, token: str):
+        self.app, self.expected = app, b"Bearer " + token.encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            # compare_digest: the time taken does not tell how much of a guess was right.
+            if not hmac.compare_digest(given, self.expected):
+                reply = _error(401, "this server needs 'Authorization: Bearer TOKEN' with its "
+                                    f"token (RemoteEnv: the token param or {TOKEN_ENV})")
+                reply.headers["WWW-Authenticate"] = "Bearer"
+                await reply(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def make_app(family: HostEnvFamily, *, workers: int | None = None, limits: Limits = Limits(),
+             token: str | None = None) -> Any:
     """The Starlette app serving instances of ``family`` from a pool of ``workers`` processes
-    (see the module docstring); the pool ends when the app shuts down."""
+    within ``limits``, every request needing ``token`` if one is given (see the module
+    docstring); the pool ends when the app shuts down."""
     from starlette.applications import Starlette
+    from starlette.middleware import Middleware
     from starlette.routing import Route
 
+    if token is not None:
+        _check_token(token)
     size = family.workers if workers is None else int(workers)
-    server = _EnvServer(family, size, max_sessions, session_ttl)
+    server = _EnvServer(family, size, limits)
     routes = [
         Route("/info", server.get_info, methods=["GET"]),
         Route("/sessions", server.create, methods=["POST"]),
@@ -281,7 +391,8 @@ def make_app(family: HostEnvFamily, *, workers: int | None = None, max_sessions:
         yield
         server.service.close()
 
-    app = Starlette(routes=routes, lifespan=lifespan)
+    middleware = [] if token is None else [Middleware(_Authorize, token=token)]
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
     app.state.pool = server.service.pool  # for tests and monitoring: its workers and restarts
     return app
 
@@ -297,49 +408,134 @@ def _error(status: int, text: str) -> Any:
     return _json({"error": text}, status)
 
 
-class _BadRequest(ValueError):
-    pass
+class _Refused(ValueError):
+    """A request the server refuses: its HTTP status (400 unless said) and the reason."""
+
+    def __init__(self, text: str, status: int = 400):
+        super().__init__(text)
+        self.status = status
 
 
 def _field(body: dict[str, Any], name: str, kind: type) -> Any:
     if name not in body:
-        raise _BadRequest(f"the body needs {name!r}")
+        raise _Refused(f"the body needs {name!r}")
     value = body[name]
     if kind is int and isinstance(value, int) and not isinstance(value, bool):
         return value
     if kind is not int and isinstance(value, kind):
         return value
-    raise _BadRequest(f"{name!r} must be a {kind.__name__}")
+    raise _Refused(f"{name!r} must be a {kind.__name__}")
+
+
+async def _body(request: Any, limit: int) -> dict[str, Any]:
+    """The request's JSON object, read up to ``limit`` bytes: a longer body is refused while it
+    arrives (its declared length first), so it is never held whole."""
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > limit:
+        raise _Refused(f"the body has {declared} bytes, over the server's limit of {limit} "
+                       "(--max-body-bytes)", 413)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _Refused(f"the body passes the server's limit of {limit} bytes "
+                           "(--max-body-bytes)", 413)
+        chunks.append(chunk)
+    try:
+        body = json.loads(b"".join(chunks))
+    except RecursionError:  # the parser recurses once per level: a deep body exhausts it
+        raise _Refused("the body is nested too deeply to parse") from None
+    except ValueError:
+        raise _Refused("the body must be JSON") from None
+    if not isinstance(body, dict):
+        raise _Refused("the body must be a JSON object")
+    return body
+
+
+def _uint(state: dict[str, Any], name: str, bits: int) -> int:
+    value = state.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**bits:
+        raise _Refused(f"'rng_state': {name!r} must be an int in [0, 2**{bits})")
+    return value
 
 
 def _generator(state: dict[str, Any]) -> np.random.Generator:
-    """A numpy ``Generator`` in the bit-generator ``state`` a client sent."""
-    kind = getattr(np.random, str(state.get("bit_generator", "")), None)
-    if not (isinstance(kind, type) and issubclass(kind, np.random.BitGenerator)):
-        raise _BadRequest("'rng_state' must be a numpy bit_generator.state")
-    bits = kind()
-    try:
-        bits.state = state
-    except (TypeError, ValueError, KeyError) as e:
-        raise _BadRequest(f"'rng_state' is not a {kind.__name__} state: {e}") from None
+    """A numpy ``Generator`` in the ``PCG64`` state a client sent, each field checked: numpy's
+    state setters trust what they get (an MT19937 position past its key reads out of bounds),
+    so only the generator the rollout uses is built, from checked values alone."""
+    if state.get("bit_generator") != "PCG64":
+        raise _Refused("'rng_state' must be a PCG64 bit_generator.state (numpy's default_rng), "
+                       f"got bit_generator {str(state.get('bit_generator'))[:40]!r}")
+    inner = state.get("state")
+    if not isinstance(inner, dict):
+        raise _Refused("'rng_state': 'state' must be an object {\"state\", \"inc\"}")
+    bits = np.random.PCG64()
+    bits.state = {"bit_generator": "PCG64",
+                  "state": {"state": _uint(inner, "state", 128), "inc": _uint(inner, "inc", 128)},
+                  "has_uint32": _uint(state, "has_uint32", 1),
+                  "uinteger": _uint(state, "uinteger", 32)}
     return np.random.Generator(bits)
 
 
+def _check_token(token: str) -> None:
+    """A token must go into an HTTP header as it is: visible ASCII, no spaces."""
+    if not token or not all("!" <= c <= "~" for c in token):
+        raise ValueError("the token must be non-empty visible ASCII without spaces")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` serves this machine only (``localhost`` or a loopback
+    address); a name that might resolve elsewhere is not."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def main(argv: list[str] | None = None) -> None:
-    """``python -m ragen_jax.envs.serve ENV [--host H] [--port P] [--workers N]
-    [--param NAME=JSON ...]``."""
+    """``python -m ragen_jax.envs.serve ENV [--host H] [--port P] [--workers N] [--token T]
+    [--param NAME=JSON ...] [limits: --max-sessions ...]``."""
+    defaults = Limits()
     parser = argparse.ArgumentParser(description="Serve a registered env over HTTP.")
     parser.add_argument("env", help="a registered env name (countdown, sudoku, sokoban, ...)")
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="the address to bind; any but loopback needs a token")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--param", action="append", default=[], metavar="NAME=JSON",
                         help="an env parameter, its value as JSON (a bare word is a string)")
     parser.add_argument("--workers", type=int, default=None,
                         help="worker processes holding the instances (default: the env's)")
-    parser.add_argument("--max-sessions", type=int, default=4096)
-    parser.add_argument("--session-ttl", type=float, default=3600.0,
+    parser.add_argument("--token", default=None,
+                        help=f"the bearer token every request needs (default: ${TOKEN_ENV}, "
+                             "which keeps it out of the process list)")
+    parser.add_argument("--max-sessions", type=int, default=defaults.max_sessions)
+    parser.add_argument("--max-sessions-per-client", type=int,
+                        default=defaults.max_sessions_per_client,
+                        help="sessions one client address may hold")
+    parser.add_argument("--session-ttl", type=float, default=defaults.session_ttl,
                         help="seconds after which an idle session is closed")
+    parser.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes)
+    parser.add_argument("--max-action-chars", type=int, default=defaults.max_action_chars)
+    parser.add_argument("--max-history-bytes", type=int, default=defaults.max_history_bytes,
+                        help="memory an episode's actions (kept for replay) may take")
     args = parser.parse_args(argv)
+
+    def fail(text: str) -> None:
+        parser.exit(2, f"{parser.prog}: error: {text}\n")
+
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    if token is None and not is_loopback(args.host):
+        fail(f"--host {args.host} is not loopback: any client there could drive the envs, "
+             f"so set a token (--token or {TOKEN_ENV})")
+    try:
+        if token is not None:
+            _check_token(token)
+        limits = Limits(args.max_sessions, args.max_sessions_per_client, args.session_ttl,
+                        args.max_body_bytes, args.max_action_chars, args.max_history_bytes)
+    except ValueError as e:
+        fail(str(e))
     params = {}
     for item in args.param:
         name, sep, value = item.partition("=")
@@ -357,8 +553,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(e))
     import uvicorn
 
-    uvicorn.run(make_app(family, workers=args.workers, max_sessions=args.max_sessions,
-                         session_ttl=args.session_ttl),
+    uvicorn.run(make_app(family, workers=args.workers, limits=limits, token=token),
                 host=args.host, port=args.port, log_level="warning")
 
 
