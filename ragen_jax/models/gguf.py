@@ -19,10 +19,9 @@ What the conversion does, and which library does it:
   ``i`` with ``i + head_dim/2``); that permutation is undone here, as transformers' GGUF loader
   does. ``qwen2`` and ``qwen3`` files are written without it.
 - the config: built from the ``<arch>.*`` metadata keys for ``llama``, ``qwen2`` and ``qwen3``.
-- the tokenizer and chat template: transformers' GGUF tokenizer builder
-  (``convert_gguf_tokenizer``) fed from the ``tokenizer.*`` metadata read by ``gguf``. Not
-  ``AutoTokenizer.from_pretrained(dir, gguf_file=...)``: in transformers 5 that path imports
-  torch (its metadata reader does), and torch is only a test dependency of ragen_jax.
+- the tokenizer and chat template: built from the ``tokenizer.*`` metadata with the
+  ``tokenizers`` library (``gguf_tokenizer``, which says why not with transformers' GGUF
+  tokenizer builders) and written in the hub's layout, which every transformers release loads.
 
 Anything else (another architecture, a tensor type ``gguf`` cannot dequantize, a tensor with
 no Hugging Face counterpart, a truncated file) is a one-line ``CheckpointError``.
@@ -45,6 +44,7 @@ from typing import Any
 import gguf
 import numpy as np
 
+from ragen_jax.models import gguf_tokenizer
 from ragen_jax.models.hf_folder import CheckpointError, describe_error, write_generation_config
 
 # GGUF ``general.architecture`` -> the Hugging Face class its folder declares.
@@ -349,40 +349,6 @@ def _save_weights(tensors: Iterator[tuple[str, np.ndarray]], out: Path) -> None:
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
-def tokenizer(path: Path, meta: dict[str, Any]) -> Any:
-    """The file's tokenizer as a ``PreTrainedTokenizerFast``: vocabulary, merges, special
-    tokens, ``add_bos_token`` and chat template from the ``tokenizer.*`` metadata, built by
-    transformers' GGUF tokenizer builder (the one ``AutoTokenizer(gguf_file=...)`` uses) and
-    given the same keyword arguments that path gives, so both tokenize alike."""
-    from transformers import PreTrainedTokenizerFast
-
-    try:  # transformers >= 5.23; earlier releases kept the same two names in integrations.ggml
-        from transformers.integrations.gguf.gguf_tokenizer_mapping import (
-            GGUF_TOKENIZER_MAPPING,
-            convert_gguf_tokenizer,
-        )
-    except ImportError:
-        from transformers.integrations.ggml import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
-
-    if "tokenizer.ggml.tokens" not in meta:
-        raise CheckpointError(f"{path}: no tokenizer in the metadata (tokenizer.ggml.tokens)")
-    grouped = {group: {name: meta[f"tokenizer.{key}"] for key, name in renames.items()
-                       if f"tokenizer.{key}" in meta}
-               for group, renames in GGUF_TOKENIZER_MAPPING.items()}
-    vocab, kwargs = grouped["tokenizer"], grouped["tokenizer_config"]
-    if vocab.get("tokenizer_type") == "llama":  # as transformers: sentencepiece files add BOS by default
-        kwargs.setdefault("add_bos_token", True)
-    for name, key in (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"),
-                      ("pad_token", "padding")):
-        token_id = meta.get(f"tokenizer.ggml.{key}_token_id")
-        kwargs[name] = vocab["tokens"][token_id] if token_id is not None else None
-    try:
-        fast, extra = convert_gguf_tokenizer(meta["general.architecture"], vocab)
-    except Exception as e:  # an unknown tokenizer model or pre-tokenizer
-        raise CheckpointError(f"{path}: cannot build its tokenizer ({describe_error(e)})") from None
-    return PreTrainedTokenizerFast(tokenizer_object=fast, **kwargs, **extra)
-
-
 def eos_ids(meta: dict[str, Any]) -> tuple[int, ...]:
     """The end-of-generation ids the metadata names: eos, then end-of-turn and end-of-message
     (llama.cpp stops on each), without repeats."""
@@ -405,12 +371,12 @@ def convert(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     config = hf_config(path, meta, shapes, rope_freqs=rope_freqs,
                        dtype=_folder_dtype(reader.tensors))
     _check_types(path, reader.tensors)
-    tok = tokenizer(path, meta)  # before the weights: a bad tokenizer fails in a second, not a minute
+    tok = gguf_tokenizer.build(path, meta)  # before the weights: fails in a second, not a minute
     plan = _plan(path, reader, config)
     out.mkdir(parents=True, exist_ok=True)
     _save_weights(_dequantized(plan, config), out)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    tok.save_pretrained(str(out))
+    gguf_tokenizer.save(out, *tok)
     write_generation_config(out, eos_ids(meta), bos=config["bos_token_id"],
                             pad=config["pad_token_id"])
     return out
