@@ -9,6 +9,7 @@ anything happens hide the lines that matter.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,68 @@ def _prior_line(plan: Resolved) -> str | None:
     return "; ".join(parts) or None
 
 
+# Google's PCI vendor id, and the PCI device ids of its TPU chips (v2/v3, an unnamed one, v4,
+# v5p, v5e, v6e, 7x): the table jax keeps for the same purpose (jax._src.hardware_utils).
+GOOGLE_PCI_VENDOR = "0x1ae0"
+TPU_PCI_DEVICES = ("0x0027", "0x0056", "0x005e", "0x0062", "0x0063", "0x006f", "0x0076")
+
+
+def accelerators_on_host(dev: str = "/dev", pci: str = "/sys/bus/pci/devices",
+                         env: dict[str, str] | None = None) -> tuple[str, str] | None:
+    """The accelerators this machine gives this process, whatever jax runs on:
+    ``("8 NVIDIA GPUs", "cuda12")`` / ``("4 TPU chips", "tpu")`` (what there is, and the
+    setup.cfg extra that installs jax for it), or None.
+
+    Conservative: it looks for what a process can use, not for traces of a driver, so that a
+    CPU run is never told of hardware it cannot reach.
+
+    - NVIDIA: the device nodes ``/dev/nvidia0``, ``/dev/nvidia1``, ... (one per GPU; a container
+      gets those of the GPUs passed to it). Not ``/proc/driver/nvidia/version``: ``/proc/driver``
+      is the host kernel's, visible in a container given no GPU; not ``nvidia-smi`` on PATH: a
+      tool, installed in images that run without a GPU. Not when ``CUDA_VISIBLE_DEVICES`` hides
+      every GPU ("" or "-1").
+    - TPU: PCI devices of Google's vendor id whose device id is a TPU chip's (the table jax
+      uses). Not the vendor id alone (gVNIC, the virtual NIC of Google Cloud VMs, has it too),
+      not ``/dev/accel*`` alone (Linux's accel subsystem serves other NPUs) nor ``TPU_*``
+      variables (copied into images and shells).
+    - Nothing when ``JAX_PLATFORMS`` is set without ``cuda`` / ``gpu`` / ``tpu``: the run asked
+      for the CPU.
+    """
+    env = os.environ if env is None else env
+    platforms = env.get("JAX_PLATFORMS", "")
+    if platforms and not any(p in platforms for p in ("cuda", "gpu", "tpu")):
+        return None
+    try:
+        gpus = [n for n in os.listdir(dev) if re.fullmatch(r"nvidia\d+", n)]
+    except OSError:
+        gpus = []
+    if gpus and env.get("CUDA_VISIBLE_DEVICES", "unset").strip() not in ("", "-1"):
+        return _n(len(gpus), "NVIDIA GPU"), "cuda12"
+    chips = 0
+    for device in sorted(Path(pci).glob("*")):
+        try:
+            vendor = (device / "vendor").read_text().strip()
+            chips += vendor == GOOGLE_PCI_VENDOR and (
+                (device / "device").read_text().strip() in TPU_PCI_DEVICES)
+        except OSError:
+            continue
+    if chips:
+        return _n(chips, "TPU chip"), "tpu"
+    return None
+
+
+def _accelerator_warning(backend: str) -> str | None:
+    """One line when jax runs on the CPU of a machine with GPUs or TPUs (``pip install jax``
+    alone installs a CPU-only jaxlib), saying how to install for them."""
+    found = accelerators_on_host() if backend == "cpu" else None
+    if found is None:
+        return None
+    what, extra = found
+    return (f"{what} here, but jax runs on the CPU: pip install -e \".[{extra}]\" "
+            f"(docs/accelerators.md); if that is installed, jax's log above says why it did "
+            f"not start; JAX_PLATFORMS=cpu if the CPU is meant")
+
+
 def _devices_line(devices: list[Any], processes: int, mesh: Any) -> str:
     platform = devices[0].platform if devices else "?"
     data = mesh.data if mesh.data > 0 else max(1, len(devices) // (mesh.fsdp * mesh.tensor))
@@ -85,6 +148,7 @@ def start_summary(plan: Resolved, devices: list[Any], processes: int = 1,
                   + f"; checkpoint every {tr.save_freq}"),
         ("prior", _prior_line(plan)),
         ("devices", _devices_line(devices, processes, run.mesh)),
+        ("warning", _accelerator_warning(backend)),
         ("run folder", f"{plan.output_dir}/ (rerun the same command to resume)"),
         ("full config", f"{SETTINGS_FILE} and config.json there (launch.py --print_config "
                         f"prints both)"),

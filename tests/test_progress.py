@@ -3,8 +3,11 @@
 import dataclasses
 import types
 
+import pytest
+
+from ragen_jax import run_summary
 from ragen_jax.progress import Phase, format_seconds
-from ragen_jax.run_summary import start_summary
+from ragen_jax.run_summary import accelerators_on_host, start_summary
 from ragen_jax.schema import RunConfig, resolve
 
 
@@ -48,7 +51,8 @@ def test_phase_on_a_terminal_is_a_task_of_the_display():
     assert not tasks
 
 
-def test_start_summary_is_short_and_says_where_things_go(tmp_path):
+def test_start_summary_is_short_and_says_where_things_go(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_summary, "accelerators_on_host", lambda: None)
     run = RunConfig(trainer=dataclasses.replace(RunConfig().trainer, output_dir=str(tmp_path)))
     text = start_summary(resolve(run), [types.SimpleNamespace(platform="cpu")])
     lines = text.splitlines()
@@ -59,3 +63,68 @@ def test_start_summary_is_short_and_says_where_things_go(tmp_path):
     assert any("gae" in line for line in lines)
     assert "  compute      float32 (model.dtype=float32, on XLA:CPU)" in lines
 
+
+
+@pytest.mark.parametrize("found,platform,warned", [
+    (("8 NVIDIA GPUs", "cuda12"), "cpu", True),
+    (("4 TPU chips", "tpu"), "cpu", True),
+    (("8 NVIDIA GPUs", "cuda12"), "gpu", False),  # jax runs on them
+    (None, "cpu", False),  # a CPU machine
+])
+def test_start_summary_warns_of_an_accelerator_jax_does_not_use(tmp_path, monkeypatch, found,
+                                                                platform, warned):
+    monkeypatch.setattr(run_summary, "accelerators_on_host", lambda: found)
+    run = RunConfig(trainer=dataclasses.replace(RunConfig().trainer, output_dir=str(tmp_path)))
+    lines = start_summary(resolve(run), [types.SimpleNamespace(platform=platform)]).splitlines()
+    warnings = [line for line in lines if line.lstrip().startswith("warning")]
+    assert len(lines) <= 12
+    if not warned:
+        assert not warnings
+        return
+    what, extra = found
+    assert len(warnings) == 1, lines
+    assert f"{what} here, but jax runs on the CPU" in warnings[0]
+    assert f'pip install -e ".[{extra}]"' in warnings[0]
+    assert "docs/accelerators.md" in warnings[0]
+
+
+def _fake_host(tmp_path, dev_nodes=(), pci=()):
+    """A /dev with ``dev_nodes`` and a /sys/bus/pci/devices with one folder per ``(vendor,
+    device)`` id pair."""
+    dev, bus = tmp_path / "dev", tmp_path / "pci"
+    dev.mkdir()
+    bus.mkdir()
+    for name in dev_nodes:
+        (dev / name).touch()
+    for i, (vendor, device) in enumerate(pci):
+        d = bus / f"0000:00:{i:02x}.0"
+        d.mkdir()
+        (d / "vendor").write_text(vendor + "\n")
+        (d / "device").write_text(device + "\n")
+    return {"dev": str(dev), "pci": str(bus)}
+
+
+GVNIC = ("0x1ae0", "0x0042")  # Google's virtual NIC: Google's vendor id, not a TPU
+VIRTIO = ("0x1af4", "0x1000")
+
+
+@pytest.mark.parametrize("dev_nodes,pci,env,expected", [
+    (("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"), (VIRTIO,), {}, ("2 NVIDIA GPUs", "cuda12")),
+    (("nvidia0",), (), {"CUDA_VISIBLE_DEVICES": "0"}, ("1 NVIDIA GPU", "cuda12")),
+    (("nvidia0",), (), {"CUDA_VISIBLE_DEVICES": ""}, None),  # every GPU hidden
+    (("nvidia0",), (), {"CUDA_VISIBLE_DEVICES": "-1"}, None),
+    (("nvidia0",), (), {"JAX_PLATFORMS": "cpu"}, None),  # the run asked for the CPU
+    (("nvidia0",), (), {"JAX_PLATFORMS": "cuda,cpu"}, ("1 NVIDIA GPU", "cuda12")),
+    (("nvidiactl", "nvidia-uvm"), (), {}, None),  # the driver's control nodes, no GPU given
+    ((), (("0x1ae0", "0x0063"),) * 4 + (GVNIC,), {}, ("4 TPU chips", "tpu")),  # a v5e host
+    ((), (("0x1ae0", "0x005e"),), {}, ("1 TPU chip", "tpu")),  # v4
+    ((), (GVNIC, VIRTIO), {}, None),  # a Google Cloud VM without a TPU
+    (("accel0",), (), {"TPU_ACCELERATOR_TYPE": "v4-8"}, None),  # traces only
+    ((), (("0x8086", "0x0063"),), {}, None),  # a TPU's device id under another vendor
+])
+def test_accelerators_on_host(tmp_path, dev_nodes, pci, env, expected):
+    assert accelerators_on_host(**_fake_host(tmp_path, dev_nodes, pci), env=env) == expected
+
+
+def test_accelerators_on_host_without_dev_or_sys(tmp_path):
+    assert accelerators_on_host(str(tmp_path / "none"), str(tmp_path / "none"), env={}) is None
