@@ -74,7 +74,13 @@ def main(argv: list[str]) -> None:
     except ValueError as e:  # e.g. no validation ran yet
         curves = f"(none: {e})"
     state = "interrupted" if summary.get("interrupted") else "done"
+    late = summary.get("compiled_after_step_1") or []
+    compiled = (f"{summary.get('compile_count', 0):.0f} XLA programs in "
+                f"{summary.get('compile_seconds', 0):.0f} s"
+                + (f"; steps after the first that compiled: {', '.join(map(str, late[:10]))}"
+                   + (" ..." if len(late) > 10 else "") if late else ""))
     print(f"\n{state} at step {summary['step']}. Run folder: {out}/\n"
+          f"  compiled     {compiled}\n"
           f"  curves       {curves}\n"
           f"  metrics      {out}/metrics.jsonl  (TensorBoard: tensorboard --logdir {out}/tb)\n"
           f"  checkpoints  {out}/checkpoints/   (rerun the same command to resume; export: "

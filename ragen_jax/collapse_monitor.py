@@ -22,6 +22,7 @@ import numpy as np
 from ragen_jax import distributed as dist
 from ragen_jax.rollout.agent import RolloutBatch
 from ragen_jax.schema import DiagnosticsConfig
+from ragen_jax.shapes import HighWater
 from ragen_jax.starpo.diagnostics import (
     collapse_metrics,
     cross_scores,
@@ -39,9 +40,22 @@ class CollapseMonitor:
     """See the module docstring."""
 
     def __init__(self, config: DiagnosticsConfig, *, seed: int, enable_think: bool,
-                 kinds: tuple[str, ...] = KINDS):
+                 kinds: tuple[str, ...] = KINDS, groups: int | None = None,
+                 max_input_len: int | None = None, max_answer_len: int | None = None):
         self.config = config
         self.kinds = kinds  # the pair kinds scored (a subset of KINDS)
+        # Each kind's program shapes, fixed from the run's config (``cross_scores``' shape):
+        # as many inputs and answers as a measurement can draw, inputs in quarters of the
+        # context window, answers as long as a turn's. None without the config (tests).
+        self.shapes: dict[str, tuple[int, int, int, int]] = {}
+        self.marks: HighWater | None = None  # the run's (``ragen_jax.shapes``), set by the trainer
+        if max_input_len and max_answer_len:
+            quarter = -(-max_input_len // 4 // 64) * 64
+            answer = -(-max_answer_len // 16) * 16
+            first = config.num_samples if groups is None else min(config.num_samples, groups)
+            self.shapes = {"first_turn_sample": (first, config.num_samples, quarter, answer),
+                           "trajectory_sample": (config.trajectory_samples,
+                                                 config.trajectory_samples, quarter, answer)}
         self.seed = seed
         self.enable_think = enable_think
         self.ema: dict[str, float] = {}  # the marginal std's EMAs per pair kind (token, sequence)
@@ -90,7 +104,8 @@ class CollapseMonitor:
         prefix = f"collapse_{kind}/"
         labels = prompt_labels(inputs)
         per_token, per_seq = cross_scores(policy, inputs, reasonings, self.config.micro_batch_size,
-                                         self.config.micro_batch_tokens)
+                                         self.config.micro_batch_tokens, self.shapes.get(kind),
+                                         self.marks, f"diagnostics/{kind}")
         keys = (f"{kind}/marginal_std", f"{kind}/marginal_std_seq")
         out = collapse_metrics(per_token, column, labels, seq_scores=per_seq,
                                std_ema=(self.ema.get(keys[0]), self.ema.get(keys[1])),

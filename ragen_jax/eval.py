@@ -35,6 +35,7 @@ from typing import Any
 import jax
 from ml_collections import ConfigDict
 
+from ragen_jax.compilation import enable_persistent_cache
 from ragen_jax.config import load_config, load_run_config
 from ragen_jax.host_memory import return_large_frees_to_os
 from ragen_jax.models import CheckpointError, compute_copy
@@ -52,6 +53,7 @@ def evaluate(config: ConfigDict, out: str | Path, *, checkpoint: str | None = No
              step: int | None = None) -> tuple[RolloutBatch, dict[str, Any]]:
     """Runs the evaluation rollout and writes the three files; returns (batch, summary).
     Prints the compute dtype it takes first (``schema.compute_dtype``: ``auto`` resolved)."""
+    enable_persistent_cache()  # a repeated evaluation's compiles are file reads
     run = from_config_dict(config)
     dtype, dtype_line = compute_dtype(run.model)
     print(dtype_line, flush=True)

@@ -275,12 +275,13 @@ class ActorConfig:
     micro_batches: int = 1  # gradient-accumulation chunks per mini-batch (memory only)
     recompute_logprobs: bool = True  # old log-probs from a forward pass (RAGEN) vs the sampler's
     share_prefix: bool = True  # a group's common first prompt runs once per forward pass of the update, not once per row (exact)
-    pad_multiple: int = 64  # the update's rows (and shared prefixes) are cut to the longest, rounded up to this: smaller pads less, compiles more shapes
+    pad_multiple: int = 0  # the update's rows (and shared prefixes) are cut to the longest, rounded up to this (and never narrower than earlier steps': ragen_jax.shapes); 0 = an eighth of rollout.max_model_len, rounded up to 64. Smaller pads less, compiles more shapes
     long_rows_apart: bool = True  # one device: a mini-batch's longest rows train as its last micro-batch, the others cut to their own width (exact; micro_batches >= 2)
 
     def __post_init__(self):
         _choice("actor.lr_schedule", self.lr_schedule, ("constant", "cosine"))
-        _at_least("actor", self, ("ppo_mini_batch_size", "ppo_epochs", "micro_batches", "pad_multiple"), 1)
+        _at_least("actor", self, ("ppo_mini_batch_size", "ppo_epochs", "micro_batches"), 1)
+        _at_least("actor", self, ("pad_multiple",), 0)
         _at_least("actor", self, ("warmup_steps",), 0)
         if self.ppo_mini_batch_size % self.micro_batches:
             raise ConfigError(f"actor.micro_batches={self.micro_batches} must divide "

@@ -35,6 +35,7 @@ from ml_collections import ConfigDict
 from ragen_jax import distributed as dist
 from ragen_jax.checkpoint import CheckpointStore, abstract, nbytes
 from ragen_jax.collapse_monitor import KINDS, CollapseMonitor
+from ragen_jax.compilation import CompileWatch, enable_persistent_cache, progress_note
 from ragen_jax.config import use_run_snapshot
 from ragen_jax.early_stopping import Streaks, early_stop_reason
 from ragen_jax.envs import make
@@ -61,11 +62,12 @@ from ragen_jax.schema import (
     resolve,
     to_config_dict,
 )
+from ragen_jax.shapes import HighWater, update_multiple
 from ragen_jax.sharding import make_mesh
 from ragen_jax.starpo import gradient_analysis
 from ragen_jax.starpo.filtering import ENTROPY_METRICS, filter_groups, trajectory_entropies
 from ragen_jax.starpo.normalization import normalize_batch
-from ragen_jax.starpo.rows import build_step_batch
+from ragen_jax.starpo.rows import build_step_batch, calibrate_widths
 from ragen_jax.starpo.step import make_update
 from ragen_jax.train_state import build_actor, build_state, load_tokenizer, stop_ids, trained
 from ragen_jax.viewer import render_html
@@ -91,6 +93,7 @@ class Trainer:
     def __init__(self, config: ConfigDict | RunConfig, *,
                  on_step: Callable[[int, dict], None] | None = None):
         self.created = time.perf_counter()  # `timing_s/elapsed`: wall seconds of this process's run
+        self.compiles = CompileWatch()  # XLA compiles per step (compile/count, compile/seconds)
         self.run = run = config if isinstance(config, RunConfig) else from_config_dict(config)
         self.plan = resolve(run)
         self.on_step = on_step
@@ -128,16 +131,26 @@ class Trainer:
         self.policy = dist.local_replica(compute_copy(self.actor), self.mesh, self.local_mesh)
         self.sampler = Sampler.for_rollout(self.policy, run.rollout,
                                            pad_id=self.tokenizer.pad_token_id or 0)
+        # Shape buckets that never shrink (ragen_jax.shapes); a checkpoint holds them, so a
+        # resumed run picks the shapes the run it continues would have.
+        self.marks = HighWater()
+        self.sampler.marks = self.marks
+        self.update_multiple = update_multiple(run.actor.pad_multiple, run.rollout.max_model_len)
         self._init_state()
         # RAGEN computes the collapse diagnostics in the full context window only; a windowed
         # run's first turn saw its transcript's first prompt, so its first-turn pairs are kept.
         kinds = KINDS if run.rollout.context_window == "full" else ("first_turn_sample",)
         self.monitor = CollapseMonitor(run.diagnostics, seed=run.seed,
-                                       enable_think=run.rollout.enable_think, kinds=kinds)
+                                       enable_think=run.rollout.enable_think, kinds=kinds,
+                                       groups=run.rollout.env_groups,
+                                       max_input_len=run.rollout.max_model_len,
+                                       max_answer_len=run.rollout.response_length)
+        self.monitor.marks = self.marks
         self.streaks = Streaks()
         self.warmstart_loaded_from: Path | None = None  # the cache folder, when it was read
         self.step = 0
         self._compiled: set[str] = set()  # phases that ran once in this process
+        self.compiled_steps: list[int] = []  # steps after the first that compiled anything
         self.logger: MetricsLogger | None = None
         self._stop_signal: int | None = None
         self._stepping = False  # in the step loop: a signal finishes the step and saves
@@ -162,7 +175,7 @@ class Trainer:
         # The padding of the whole batch (every process's rows) at the update's width: what
         # mixing envs of different lengths costs.
         metrics["rollout/pad_fraction"] = padding_fraction(
-            dist.allgather(batch.attention_mask.sum(1)).reshape(-1), self.run.actor.pad_multiple)
+            dist.allgather(batch.attention_mask.sum(1)).reshape(-1), self.update_multiple)
 
         scores = dist.allgather(batch.scores).reshape(groups, -1)  # every process's groups
         # Episodes an env error ended (a hang, a crash) say nothing about the policy: they
@@ -195,12 +208,12 @@ class Trainer:
         rows = build_step_batch(
             batch, np.asarray(keep)[part], np.asarray(weights).reshape(groups, -1)[part].reshape(-1),
             group_offset=part.start, mini_batch_size=self.run.actor.ppo_mini_batch_size,
-            pad_multiple=self.run.actor.pad_multiple, group_buckets=buckets, mesh=self.mesh,
+            pad_multiple=self.update_multiple, group_buckets=buckets, mesh=self.mesh,
             rng=np.random.default_rng([self.run.seed, self.step, jax.process_index()]),
             share_prefixes=self.run.actor.share_prefix,
             sample_unit=self.run.algorithm.sample_unit,
             micro_batches=self.run.actor.micro_batches, long_rows_apart=self.long_rows_apart,
-            valid=None if valid is None else valid[part].reshape(-1))
+            valid=None if valid is None else valid[part].reshape(-1), marks=self.marks)
         if rows is None:
             return metrics | {"train/update_skipped_empty": 1.0} | timings
 
@@ -396,7 +409,7 @@ class Trainer:
         if self.store.latest_step() == self.step:
             return
         meta = {"step": self.step, "streaks": dataclasses.asdict(self.streaks),
-                "collapse_ema": self.monitor.ema}
+                "collapse_ema": self.monitor.ema, "shape_marks": self.marks.marks}
         self.store.save(self.step, self._checkpoint_items(), meta)
 
     def _checkpoint_items(self) -> dict[str, Any]:
@@ -414,6 +427,7 @@ class Trainer:
         self.state = items["state"].replace(actor=items["actor"])
         self.streaks = Streaks(**meta["streaks"])
         self.monitor.ema = dict(meta["collapse_ema"])
+        self.marks.marks.update(meta.get("shape_marks", {}))  # (none in older checkpoints)
         self.step = int(meta["step"])
         self._refresh_policy()
         return True
@@ -433,6 +447,10 @@ class Trainer:
                 f"{episodes} episodes" + (" (compiling the sampler first)" if first else ""),
                 lines=first):
             val_metrics, batch = self.validate()
+        if self.run.algorithm.sample_unit == "trajectory":  # (turn rows have widths of their own)
+            trained = [i for i, slot in enumerate(self.slots) if slot.groups]
+            calibrate_widths(self.marks, batch, np.isin(batch.tag_ids, trained),
+                             self.update_multiple, self.run.actor.share_prefix)
         metrics |= val_metrics
         self.log(_val_line(self.step, val_metrics))
         if self.is_main and self.run.trainer.save_trajectories:
@@ -473,6 +491,7 @@ class Trainer:
         if self.run.trainer.val_before_train:
             self._validate_and_record(metrics)
         metrics["timing_s/elapsed"] = time.perf_counter() - self.created
+        metrics |= self.compiles.take()
         self.logger.log(0, metrics)
         if warmed:  # an untrained start is rebuilt from the config: its checkpoint only fills the disk
             self.save()
@@ -490,6 +509,9 @@ class Trainer:
             metrics[f"early_stopped/{stop}"] = 1.0
             self.log(f"early stop at step {self.step}: {stop}")
         metrics |= device_memory()
+        metrics |= self.compiles.take()
+        if metrics["compile/count"] and self.step > 1:
+            self.compiled_steps.append(self.step)
         metrics["timing_s/step"] = time.perf_counter() - started
         metrics["timing_s/elapsed"] = time.perf_counter() - self.created
         self.logger.log(self.step, metrics)
@@ -533,7 +555,10 @@ class Trainer:
                 signal.signal(s, h)
             self.logger.close()
             self.store.close()
-        return summary | {"step": self.step}
+        totals = self.compiles.totals()
+        return summary | {"step": self.step, "compile_count": totals["compile/count"],
+                          "compile_seconds": totals["compile/seconds"],
+                          "compiled_after_step_1": self.compiled_steps}
 
 
 def build_envs(run: RunConfig) -> dict[str, tuple[Any, Any]]:
@@ -591,13 +616,16 @@ def _val_line(step: int, vm: dict[str, float]) -> str:
 
 
 def _progress_info(m: dict[str, float], tags: list[str]) -> str:
+    compiled = progress_note(m)
+    compiled = f"  {compiled}" if compiled else ""
     if len(tags) > 1:  # several envs: each one's success
         return ("success " + " ".join(f"{t} {m.get(f'train/{t}/success', float('nan')):.3f}"
-                                      for t in tags) + f"  {m.get('timing_s/step', 0):.1f} s/step")
+                                      for t in tags) + f"  {m.get('timing_s/step', 0):.1f} s/step"
+                + compiled)
     tag = tags[0]
     return (f"score {m.get(f'train/{tag}/score', float('nan')):+.3f}  "
             f"success {m.get(f'train/{tag}/success', float('nan')):.3f}  "
-            f"{m.get('timing_s/step', 0):.1f} s/step")
+            f"{m.get('timing_s/step', 0):.1f} s/step" + compiled)
 
 
 def run(config: ConfigDict | RunConfig, **kw: Any) -> dict[str, Any]:
@@ -605,6 +633,7 @@ def run(config: ConfigDict | RunConfig, **kw: Any) -> dict[str, Any]:
     if not isinstance(config, RunConfig):
         config = from_config_dict(use_run_snapshot(config))  # the model folder may have moved
     run_config = config
+    enable_persistent_cache()  # a repeated run's compiles are file reads
     return_large_frees_to_os()  # before the weights arrive: see host_memory.py
     dist.initialize(run_config.distributed)  # a no-op if launch.py already did it
     if jax.process_index() == 0:  # before the model is built: what runs, where it goes

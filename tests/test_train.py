@@ -45,7 +45,9 @@ def micro_config(out: Path, *, steps: int = 4, estimator: str = "grpo", extra: t
 
 
 def _without_timing(metrics: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
-    return {s: {k: v for k, v in m.items() if not k.startswith("timing_s/")} for s, m in metrics.items()}
+    # (and the process's compiles: a resumed process compiles at its first step)
+    return {s: {k: v for k, v in m.items() if not k.startswith(("timing_s/", "compile/"))}
+            for s, m in metrics.items()}
 
 
 # -- config ------------------------------------------------------------------------------------

@@ -49,6 +49,7 @@ from ragen_jax.models.copies import (
 from ragen_jax.models.kv_cache import KVCache, positions_from_mask
 from ragen_jax.models.qwen import Qwen2ForCausalLM
 from ragen_jax.rollout.stop_strings import StopAutomaton
+from ragen_jax.shapes import HighWater
 
 _NEG_INF = float("-inf")
 
@@ -357,13 +358,17 @@ class Sampler:
     ``prefill_tokens``: a prompt chunk of more tokens than this (rows x bucket) is prefilled
     in blocks of rows of at most this many tokens (``prefill_block_rows``; 0: in one piece;
     default ``prefill_tokens_by_default()``); the result is the same either way.
+    ``episode_slots``: a cache that must grow grows at once to at least this many slots (the
+    rollout's whole episode, ``episode_slots(rollout)``), so a run's turns after the first
+    share one cache shape, compiled once, whatever lengths the answers take; None: to the
+    next power of two (or multiple of ``cache_multiple``) each time.
     """
 
     def __init__(self, model: Qwen2ForCausalLM, *, pad_id: int = 0, min_bucket: int = 16,
                  bucket_multiple: int | None = None, share_prompts: bool = True,
                  cache_multiple: int | None = None, layout: bool | None = None,
                  group_prefix: bool = True, compiler_options: dict | None = None,
-                 prefill_tokens: int | None = None):
+                 prefill_tokens: int | None = None, episode_slots: int | None = None):
         # ``layout``: decode in ``decode_layout`` (default: on the CPU); decided once, here.
         self.layout = decode_layout_by_default() if layout is None else layout
         self.prefill_tokens = prefill_tokens_by_default() if prefill_tokens is None else int(
@@ -377,6 +382,12 @@ class Sampler:
         self.share_prompts = share_prompts
         self.cache_multiple = cache_multiple
         self.group_prefix = group_prefix
+        self.episode_slots = episode_slots
+        # Prompt buckets that never shrink, per kind of call (a first turn or a continuation;
+        # shared by every batch size, so that a run's first validation, which plays many
+        # levels, sets the training's first-turn bucket too): ``ragen_jax.shapes.HighWater``;
+        # None: each call's own bucket.
+        self.marks: HighWater | None = None
 
     @classmethod
     def for_rollout(cls, model: Qwen2ForCausalLM, rollout, *, pad_id: int = 0) -> Sampler:
@@ -384,7 +395,7 @@ class Sampler:
         prefix): the trainer's and evaluation's, built in one place."""
         return cls(model, pad_id=pad_id, bucket_multiple=rollout.pad_multiple,
                    cache_multiple=rollout.cache_multiple or None,
-                   group_prefix=rollout.group_prefix)
+                   group_prefix=rollout.group_prefix, episode_slots=episode_slots(rollout))
 
     def update(self, model: Qwen2ForCausalLM) -> None:
         """Uses ``model``'s current parameters from now on."""
@@ -449,6 +460,12 @@ class Sampler:
         del env_states
         tokens, valid = pad_prompts(prompts, mask, bucket=bucket, pad_id=self.pad_id,
                                     min_bucket=self.min_bucket, multiple=self.bucket_multiple)
+        if self.marks is not None and bucket is None:
+            site = "prompt/first" if cache is None else "prompt/next"
+            extra = self.marks.fit(site, tokens.shape[1]) - tokens.shape[1]
+            if extra:  # left padding, like the rest of the bucket
+                tokens = np.pad(tokens, ((0, 0), (extra, 0)), constant_values=self.pad_id)
+                valid = np.pad(valid, ((0, 0), (extra, 0)))
         b, p = tokens.shape
         n = params.max_new_tokens
         act = np.ones((b,), bool) if active is None else np.asarray(active, bool)
@@ -473,7 +490,8 @@ class Sampler:
                 raise ValueError(f"cache batch {cache.batch} != prompt batch {b}")
             need = int(cache.index) + p + n  # one host read, outside the decode loop
             if need > cache.size:
-                cache = _grown(cache, bucket_length(need, multiple=self.cache_multiple))
+                cache = _grown(cache, max(bucket_length(need, multiple=self.cache_multiple),
+                                          self.episode_slots or 0))
         stop = np.asarray(stop_tokens, np.int32)
         if stop.ndim <= 1:  # shared stop list -> one row per sequence
             stop = np.broadcast_to(stop.reshape(1, -1), (b, stop.size))
@@ -487,6 +505,17 @@ class Sampler:
         return run(self.graph, self.state, cache, tokens, valid, stop, budget, act, key, expand,
                    table, sp=params, pad_id=self.pad_id, group_prefix=bool(grouped),
                    prefill_tokens=self.prefill_tokens)
+
+
+def episode_slots(rollout) -> int:
+    """Cache slots that hold a whole episode of ``rollout`` (a ``RolloutConfig``): its
+    ``max_model_len`` real tokens, plus each turn's prompt padding (under ``pad_multiple``)
+    and a full answer's slots a turn (the batch decodes to its longest answer), rounded up to
+    64. The cache grows to this once, at the second turn; a batch whose turns still need more
+    (rows whose longest prompts and answers fall in different turns) grows again."""
+    multiple = rollout.pad_multiple or 64
+    slots = rollout.max_model_len + rollout.max_turn * (multiple + rollout.response_length)
+    return -(-slots // 64) * 64
 
 
 def pad_rows(x: np.ndarray, rows: int) -> np.ndarray:

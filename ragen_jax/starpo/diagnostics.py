@@ -48,12 +48,14 @@ import numpy as np
 from flax import nnx
 
 from ragen_jax.models.qwen import Qwen2ForCausalLM
+from ragen_jax.shapes import HighWater
 from ragen_jax.starpo.token_scores import target_logprobs
 
 
 def cross_scores(model: Qwen2ForCausalLM, inputs: list[list[int]], reasonings: list[list[int]],
-                 micro_batch_size: int | None = None, micro_batch_tokens: int | None = None
-                 ) -> tuple[jax.Array, jax.Array]:
+                 micro_batch_size: int | None = None, micro_batch_tokens: int | None = None,
+                 shape: tuple[int, int, int, int] | None = None, marks: HighWater | None = None,
+                 site: str = "diagnostics") -> tuple[jax.Array, jax.Array]:
     """Log-probability of every reasoning under every input, by teacher forcing.
 
     Returns ``(per_token_mean [n_z, n_x], sequence_sum [n_z, n_x])``: the mean and the sum over
@@ -67,12 +69,28 @@ def cross_scores(model: Qwen2ForCausalLM, inputs: list[list[int]], reasonings: l
     at most ``micro_batch_tokens`` cache slots (pairs x (input + reasoning) width; None = no
     bound), which bounds memory: each pair holds a copy of its input's cache, and 128 pairs
     of a 2.5k-token context on the 0.5B shape would hold ~5 GiB of cache copies alone.
+
+    ``shape = (n_x, n_z, x_multiple, width_z)``: the programs' shapes, fixed by the caller (a
+    run's ``CollapseMonitor``) so that every measurement reuses one compiled program: inputs
+    and reasonings are padded to at least these counts (padding pairs are computed and
+    dropped), inputs to a multiple of ``x_multiple`` tokens (a coarse step: measurements'
+    longest inputs vary) and reasonings to at least ``width_z``. None: each measurement's
+    own counts, inputs rounded up to 64 tokens and reasonings to 16. ``marks``
+    (``ragen_jax.shapes.HighWater``): the input width is at least the widest used at
+    ``site`` so far.
     """
     n_z, n_x = len(reasonings), len(inputs)
-    width_x = -(-max(len(x) for x in inputs) // 64) * 64  # fewer distinct shapes to compile
-    width_z = -(-max(max(len(z) for z in reasonings), 1) // 16) * 16
-    x_ids = np.zeros((n_x, width_x), np.int32)
-    x_real = np.zeros((n_x, width_x), bool)
+    pad_x, pad_z, x_multiple, min_z = (n_x, n_z, 64, 16) if shape is None else shape
+    pad_x, pad_z = max(n_x, pad_x), max(n_z, pad_z)
+    width_x = -(-max(len(x) for x in inputs) // x_multiple) * x_multiple
+    if marks is not None:
+        # First-turn inputs are the sampler's first prompts: at least as wide as its bucket.
+        floor = marks.marks.get("prompt/first", 0) if site.endswith("first_turn_sample") else 0
+        width_x = marks.fit(f"{site}/inputs", max(width_x, -(-floor // x_multiple) * x_multiple))
+    width_z = max(-(-max(max(len(z) for z in reasonings), 1) // 16) * 16, min_z)
+    x_ids = np.zeros((pad_x, width_x), np.int32)
+    x_real = np.zeros((pad_x, width_x), bool)
+    x_real[:, 0] = True  # a padding input holds one token: nothing in it is fully masked
     for j, x in enumerate(inputs):
         x_ids[j, :len(x)] = x
         x_real[j, :len(x)] = True
@@ -80,23 +98,22 @@ def cross_scores(model: Qwen2ForCausalLM, inputs: list[list[int]], reasonings: l
     cache, first_logp = _encode_inputs(model, jnp.asarray(x_ids), jnp.asarray(x_real),
                                        width_x + width_z)
 
-    n = n_z * n_x
+    n = pad_z * pad_x
     chunk = n if not micro_batch_size else min(int(micro_batch_size), n)
     if micro_batch_tokens:
         chunk = max(1, min(chunk, int(micro_batch_tokens) // (width_x + width_z)))
     rows = -(-n // chunk) * chunk  # padded to whole micro-batches (one compiled shape)
     z_ids = np.zeros((rows, width_z), np.int32)
     z_real = np.zeros((rows, width_z), bool)
-    column = np.zeros(rows, np.int32)  # filler rows: input 0, nothing scored
+    column = np.tile(np.arange(pad_x, dtype=np.int32), rows // pad_x + 1)[:rows]
     for i, z in enumerate(reasonings):
-        z_ids[i * n_x:(i + 1) * n_x, :len(z)] = z
-        z_real[i * n_x:(i + 1) * n_x, :len(z)] = True
-        column[i * n_x:(i + 1) * n_x] = np.arange(n_x)
+        z_ids[i * pad_x:(i + 1) * pad_x, :len(z)] = z
+        z_real[i * pad_x:(i + 1) * pad_x, :len(z)] = True
     sums = jnp.concatenate([
         _pair_scores(model, cache, first_logp, jnp.asarray(x_len), jnp.asarray(column[s:s + chunk]),
                      jnp.asarray(z_ids[s:s + chunk]), jnp.asarray(z_real[s:s + chunk]))
         for s in range(0, rows, chunk)])
-    total = sums[:n].reshape(n_z, n_x)
+    total = sums[:n].reshape(pad_z, pad_x)[:n_z, :n_x]
     counts = jnp.asarray([max(len(z), 1) for z in reasonings], jnp.float32)[:, None]
     return total / counts, total
 

@@ -22,6 +22,7 @@ from jax.sharding import Mesh
 from ragen_jax import distributed as dist
 from ragen_jax.rollout.agent import RolloutBatch
 from ragen_jax.rollout.sampler import bucket_length
+from ragen_jax.shapes import HighWater
 from ragen_jax.starpo.step import SAMPLE_UNITS, Episodes, StepBatch
 from ragen_jax.starpo.update import Prefixes, interleave
 
@@ -71,8 +72,8 @@ def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
                      group_buckets: np.ndarray, mesh: Mesh, rng: np.random.Generator,
                      share_prefixes: bool = True,
                      sample_unit: str = "trajectory", micro_batches: int = 1,
-                     long_rows_apart: bool = False, valid: np.ndarray | None = None
-                     ) -> StepBatch | None:
+                     long_rows_apart: bool = False, valid: np.ndarray | None = None,
+                     marks: HighWater | None = None) -> StepBatch | None:
     """The update's rows of this process's rollout ``batch`` (``None`` if no process kept
     any). ``keep [G_local]`` and ``weights [B_local]`` come from the filter, ``group_offset``
     is this process's first global group id, ``group_buckets [G]`` the reward-std bucket of
@@ -92,7 +93,11 @@ def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
     ``long_rows_apart`` (one device): when every mini-batch's rows but its longest micro-batch's
     worth (``micro_batches`` per mini-batch) fit in fewer slots, the batch says so
     (``StepBatch.short_width``) and the update trains those at that width
-    (``update.long_rows_apart``)."""
+    (``update.long_rows_apart``).
+
+    ``marks`` (``ragen_jax.shapes.HighWater``): every width is at least the widest this run
+    has used at its place, so the update compiles a new program only for a new maximum."""
+    marks = marks or HighWater()
     if sample_unit not in SAMPLE_UNITS:
         raise ValueError(f"algorithm.sample_unit must be one of {SAMPLE_UNITS}, got {sample_unit!r}")
     episodes = None
@@ -118,7 +123,7 @@ def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
         return None
     width = int(batch.attention_mask[rows].any(0).nonzero()[0].max()) + 1
     width = int(dist.allgather(np.int64(width)).max())
-    width = -(-width // pad_multiple) * pad_multiple
+    width = marks.fit("update/width", -(-width // pad_multiple) * pad_multiple)
 
     def cols(x):  # this process's rows, cut or zero-padded to the global width
         x = x[rows, :width]
@@ -137,12 +142,13 @@ def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
         row_lengths = lengths[batch.group_ids[rows]]
         suffix = tokens["attention_mask"].sum(1) - row_lengths
 
-        def global_width(n: np.ndarray) -> int:  # every process's longest, rounded up
-            return bucket_length(int(dist.allgather(np.int64(n.max())).max()), pad_multiple,
-                                 pad_multiple)
+        def global_width(site: str, n: np.ndarray) -> int:  # every process's longest, rounded up
+            return marks.fit(site, bucket_length(int(dist.allgather(np.int64(n.max())).max()),
+                                                 pad_multiple, pad_multiple))
 
-        table = prefix_table(batch.input_ids, lengths, batch.group_ids, global_width(lengths))
-        tokens = after_prefix(tokens, row_lengths, global_width(suffix))
+        table = prefix_table(batch.input_ids, lengths, batch.group_ids,
+                             global_width("update/prefix", lengths))
+        tokens = after_prefix(tokens, row_lengths, global_width("update/suffix", suffix))
         # Row = global group id: every process's table, in process order.
         prefixes = Prefixes(*(dist.replicated(dist.allgather(t).reshape(-1, t.shape[1]), mesh)
                               for t in table))
@@ -150,6 +156,8 @@ def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
     if long_rows_apart:
         split = short_width(tokens["attention_mask"].sum(1), mini_batch_size, micro_batches,
                             pad_multiple, tokens["input_ids"].shape[1])
+        if split is not None:
+            split = min(marks.fit("update/short", split), tokens["input_ids"].shape[1])
     local = StepBatch(
         **tokens, scores=batch.scores[rows], group_ids=group_ids.astype(np.int32),
         bucket_ids=np.asarray(group_buckets, np.int32)[group_ids],
@@ -163,18 +171,43 @@ def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
         prefixes=prefixes, episodes=episodes)
 
 
+def calibrate_widths(marks: HighWater, batch: RolloutBatch, rows: np.ndarray, pad_multiple: int,
+                     share_prefixes: bool = True) -> None:
+    """Raises the update's width marks to what ``batch``'s ``rows [B] bool`` would need
+    (every process's: the widths are global), the way ``build_step_batch`` measures them.
+    The trainer calls it with each validation batch's episodes of the envs it trains on: a
+    first validation plays many more levels than a training step, so its longest trajectory
+    and first prompt set the update's widths before the training steps meet them one at a
+    time (each a program compiled mid-run)."""
+    def fit(site: str, n: int) -> None:
+        n = int(dist.allgather(np.int64(n)).max())
+        if n:
+            marks.fit(site, bucket_length(n, pad_multiple, pad_multiple))
+
+    mask = batch.attention_mask[rows]
+    fit("update/width", int(mask.any(0).nonzero()[0].max()) + 1 if mask.any() else 0)
+    if share_prefixes:
+        lengths = group_prefix_lengths(batch.input_ids, batch.loss_mask, batch.group_ids)
+        row_prefix = lengths[batch.group_ids[rows]]
+        fit("update/prefix", int(row_prefix.max()) if row_prefix.size else 0)
+        fit("update/suffix", int((mask.sum(1) - row_prefix).max()) if row_prefix.size else 0)
+
+
 def short_width(lengths: np.ndarray, mini_batch_size: int, micro_batches: int,
                 pad_multiple: int, width: int) -> int | None:
-    """The width (a multiple of ``pad_multiple``) that holds, in every mini-batch, all rows
-    but its longest ``mini_batch_size / micro_batches`` (``update.long_rows_apart``), given
-    the rows' lengths ``[B]``; None when that is not narrower than the rows' ``width`` or
-    there is a single micro-batch. The mini-batches are the update's (``update.interleave``)."""
+    """The width that holds, in every mini-batch, all rows but its longest
+    ``mini_batch_size / micro_batches`` (``update.long_rows_apart``), given the rows' lengths
+    ``[B]``: rounded up to a quarter of the rows' ``width`` (a multiple of ``pad_multiple``),
+    at most ``width``. A coarse step, and ``width`` itself when nothing is narrower: which
+    rows are short changes every step, and each width is a program of its own. None with a
+    single micro-batch. The mini-batches are the update's (``update.interleave``)."""
     if micro_batches < 2 or lengths.size == 0:
         return None
     parts = interleave(lengths, lengths.size // mini_batch_size)  # [mini-batches, rows]
     short = mini_batch_size - mini_batch_size // micro_batches
-    narrow = bucket_length(np.sort(parts, axis=1)[:, short - 1].max(), pad_multiple, pad_multiple)
-    return narrow if narrow < width else None
+    quarter = bucket_length(-(-width // 4), pad_multiple, pad_multiple)
+    narrow = bucket_length(np.sort(parts, axis=1)[:, short - 1].max(), quarter, quarter)
+    return min(narrow, width)
 
 
 class _TurnRows:

@@ -153,13 +153,14 @@ def test_update_is_the_same_at_a_tighter_row_width():
 def test_short_width_by_hand():
     # 2 mini-batches of 8 (rows i, i + 2, ...), 4 micro-batches: 6 rows each must fit.
     lengths = np.array([3, 30, 5, 9, 7, 4, 6, 40, 2, 5, 33, 6, 8, 7, 1, 3])
-    # mini-batch 0: 3 5 7 6 2 33 8 1 -> 6th shortest 7; mini-batch 1: 30 9 4 40 5 6 7 3 -> 9
-    assert short_width(lengths, 8, 4, 8, 40) == 16
-    assert short_width(lengths, 8, 4, 4, 40) == 12
+    # mini-batch 0: 3 5 7 6 2 33 8 1 -> 6th shortest 7; mini-batch 1: 30 9 4 40 5 6 7 3 -> 9;
+    # rounded up to a quarter of the width (itself rounded up to pad_multiple)
+    assert short_width(lengths, 8, 4, 8, 40) == 16  # quarter 10 -> 16
+    assert short_width(lengths, 8, 4, 4, 40) == 12  # quarter 10 -> 12
     assert short_width(lengths, 8, 4, 16, 48) == 16
-    assert short_width(lengths, 8, 4, 16, 16) is None  # no narrower than the rows already are
+    assert short_width(lengths, 8, 4, 16, 16) == 16  # no narrower than the rows: their width
     assert short_width(lengths, 8, 1, 8, 40) is None  # one micro-batch: nothing to set apart
-    assert short_width(lengths, 16, 2, 8, 40) == 8  # one mini-batch, 8 rows must fit: the 8th shortest is 6
+    assert short_width(lengths, 16, 2, 8, 40) == 16  # 8 rows must fit: the 8th shortest is 6
     assert short_width(lengths, 16, 8, 8, 40) == 32  # 14 rows must fit: the 14th shortest is 30
 
 
