@@ -120,7 +120,7 @@ def test_update_config_defaults_equal_the_schema():
     ("model", "param_dtype", "auto", "model.param_dtype must be one of ('float32', 'bfloat16')"),
     ("rollout", "stop_strings", ("</answer>", ""), "rollout.stop_strings must be a tuple of non-empty strings"),
     ("actor", "micro_batches", 3, "actor.micro_batches=3 must divide actor.ppo_mini_batch_size=32"),
-    ("actor", "pad_multiple", 0, "actor.pad_multiple must be >= 1, got 0"),
+    ("actor", "pad_multiple", -1, "actor.pad_multiple must be >= 0, got -1"),
     ("filter", "strategy", "best", "filter.strategy must be one of"),
     ("trainer", "total_steps", 0, "trainer.total_steps must be >= 1"),
     ("rollout", "temperature", "hot", "rollout.temperature: expected float, got 'hot'"),
