@@ -33,6 +33,7 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from ragen_jax import distributed as dist
+from ragen_jax.budget import check_run
 from ragen_jax.checkpoint import (
     CheckpointRestoreError,
     CheckpointStore,
@@ -681,8 +682,11 @@ def run(config: ConfigDict | RunConfig, **kw: Any) -> dict[str, Any]:
     enable_persistent_cache()  # a repeated run's compiles are file reads
     return_large_frees_to_os()  # before the weights arrive: see host_memory.py
     dist.initialize(run_config.distributed)  # a no-op if launch.py already did it
+    # Before the model is built: a batch that cannot fit is refused, one that may not is said.
+    memory = check_run(resolve(run_config))
     if jax.process_index() == 0:  # before the model is built: what runs, where it goes
-        print(start_summary(resolve(run_config), jax.devices(), jax.process_count()), flush=True)
+        print(start_summary(resolve(run_config), jax.devices(), jax.process_count(),
+                            memory=memory), flush=True)
     trainer = Trainer(run_config, **kw)
     if trainer.is_main:
         trainer.out.mkdir(parents=True, exist_ok=True)
