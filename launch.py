@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parent
 PRINT_CONFIG = "--print_config"  # print the whole resolved config and derived settings first
@@ -43,7 +44,11 @@ def main(argv: list[str]) -> None:
     import jax
 
     from ragen_jax import train
-    from ragen_jax.checkpoint import CheckpointSaveError
+    from ragen_jax.checkpoint import (
+        CheckpointMismatchError,
+        CheckpointRestoreError,
+        CheckpointSaveError,
+    )
     from ragen_jax.models import CheckpointError
 
     if print_config and jax.process_index() == 0:
@@ -53,17 +58,17 @@ def main(argv: list[str]) -> None:
         print(full_settings(schema.resolve(run_config), jax.default_backend()), flush=True)
     try:
         summary = train.run(run_config)
-    except (schema.ConfigError, CheckpointError, CheckpointSaveError, FileNotFoundError) as e:
-        raise SystemExit(f"launch.py: {e}") from None
+    except (schema.ConfigError, CheckpointError, CheckpointSaveError, CheckpointRestoreError,
+            CheckpointMismatchError, FileNotFoundError) as e:
+        _exit(f"launch.py: {e}")
     except OSError as e:
         if e.errno != errno.ENOSPC:
             raise
         # A log, trajectory or TensorBoard write found the disk full (a checkpoint's own
         # failure is a CheckpointSaveError above); the run folder's checkpoints are intact.
         where = e.filename or schema.resolve(run_config).output_dir
-        raise SystemExit(f"launch.py: no space left on device writing {where}; "
-                         "free space there and rerun the same command: it resumes from the "
-                         "last complete checkpoint") from None
+        _exit(f"launch.py: no space left on device writing {where}; free space there and "
+              "rerun the same command: it resumes from the last complete checkpoint")
     if jax.process_index() != 0:
         return
     out = Path(summary["output_dir"])
@@ -87,6 +92,21 @@ def main(argv: list[str]) -> None:
           f"python -m ragen_jax.export --checkpoint {out} --out HF_DIR)\n"
           f"  trajectories {out}/trajectories/  (validation episodes: JSONL + HTML viewer)\n"
           f"  evaluate     python -m ragen_jax.eval --checkpoint {out}")
+
+
+def _exit(line: str) -> NoReturn:
+    """Prints ``line`` to stderr and ends the process now (exit 1). After a failed save,
+    orbax's writer threads wait 5 minutes for a folder that never came before the
+    interpreter's shutdown could join them; the trainer closed its logs and checkpoints while
+    the error unwound, so nothing is left to wait for. Imported, not run, it raises
+    ``SystemExit(line)``: a caller's process is not ended under it."""
+    import os
+
+    if __name__ != "__main__":
+        raise SystemExit(line)
+    sys.stdout.flush()
+    print(line, file=sys.stderr, flush=True)
+    os._exit(1)
 
 
 if __name__ == "__main__":

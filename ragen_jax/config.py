@@ -57,6 +57,11 @@ def load_file(spec: str) -> ConfigDict:
     return config
 
 
+# Words Python's float() reads as non-finite; a literal_eval of them fails, so without this a
+# float field given "nan" met ConfigDict's "nan is of original type <class 'str'>".
+NON_FINITE = ("nan", "+nan", "-nan", "inf", "+inf", "-inf", "infinity", "+infinity", "-infinity")
+
+
 def parse_value(text: str) -> Any:
     try:
         return ast.literal_eval(text)
@@ -80,6 +85,9 @@ def override(config: ConfigDict, field: str, text: str) -> None:
     is_open = any(field.startswith(p + ".") for p in OPEN_FIELDS)
     if leaf not in node and not is_open:
         raise ValueError(f"--config.{field}: unknown field (see ragen_jax/schema.py)")
+    if (isinstance(value, str) and value.strip().lower() in NON_FINITE
+            and isinstance(node[leaf], float)):
+        value = float(value)  # a float field's nan or inf: the schema refuses it by name
     if isinstance(value, dict):
         value = ConfigDict(value)
     try:

@@ -129,9 +129,10 @@ def _devices_line(devices: list[Any], processes: int, mesh: Any) -> str:
 
 
 def start_summary(plan: Resolved, devices: list[Any], processes: int = 1,
-                  backend: str | None = None) -> str:
+                  backend: str | None = None, memory: str | None = None) -> str:
     """The run's start, about ten lines: what trains on what, where it goes, and the derived
-    notes that change a configured value. ``devices``: ``jax.devices()``."""
+    notes that change a configured value. ``devices``: ``jax.devices()``; ``memory``: the
+    warning of ``budget.check_run``, when the run may not fit."""
     run, tr = plan.run, plan.run.trainer
     backend = backend or (devices[0].platform if devices else "cpu")
     val = sum(e.val_groups for e in plan.envs) * plan.rollout.val_group_size
@@ -149,6 +150,7 @@ def start_summary(plan: Resolved, devices: list[Any], processes: int = 1,
         ("prior", _prior_line(plan)),
         ("devices", _devices_line(devices, processes, run.mesh)),
         ("warning", _accelerator_warning(backend)),
+        ("warning", memory and f"memory: {memory}"),
         ("run folder", f"{plan.output_dir}/ (rerun the same command to resume)"),
         ("full config", f"{SETTINGS_FILE} and config.json there (launch.py --print_config "
                         f"prints both)"),

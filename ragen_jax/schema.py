@@ -73,6 +73,14 @@ def _at_least(section: str, obj: Any, names: tuple[str, ...], low: int) -> None:
             raise ConfigError(f"{section}.{n} must be >= {low}, got {getattr(obj, n)}")
 
 
+def _learning_rate(field: str, lr: float) -> None:
+    """A learning rate must be finite and in (0, 1]: a negative one ascends the loss, and
+    AdamW's first steps move every weight by about lr, so past 1 a pretrained model is
+    scrambled in one step (the tiny presets' largest is 2e-3). Both trained on silently."""
+    if not (math.isfinite(lr) and 0 < lr <= 1):
+        raise ConfigError(f"{field} must be in (0, 1], got {lr!r}")
+
+
 # ModelConfig fields that only shape the tiny random model (a folder's config.json decides).
 TINY_ONLY_FIELDS = ("hidden_size", "num_hidden_layers", "intermediate_size",
                     "num_attention_heads", "num_key_value_heads")
@@ -279,6 +287,7 @@ class ActorConfig:
     long_rows_apart: bool = True  # one device: a mini-batch's longest rows train as its last micro-batch, the others cut to their own width (exact; micro_batches >= 2)
 
     def __post_init__(self):
+        _learning_rate("actor.lr", self.lr)
         _choice("actor.lr_schedule", self.lr_schedule, ("constant", "cosine"))
         _at_least("actor", self, ("ppo_mini_batch_size", "ppo_epochs", "micro_batches"), 1)
         _at_least("actor", self, ("pad_multiple",), 0)
@@ -301,6 +310,7 @@ class CriticConfig:
     warmup: int = 0  # first training steps that train only the critic (RAGEN: critic_warmup 0)
 
     def __post_init__(self):
+        _learning_rate("critic.lr", self.lr)
         _at_least("critic", self, ("micro_batches",), 1)
         _at_least("critic", self, ("warmup",), 0)
 
@@ -326,6 +336,7 @@ class WarmstartConfig:
     cache: bool = True  # tiny model: keep the result under $RAGEN_JAX_CACHE (default ~/.cache/ragen_jax) and reuse it
 
     def __post_init__(self):
+        _learning_rate("warmstart.lr", self.lr)
         if not 0.0 <= self.solver_share <= 1.0:
             raise ConfigError(f"warmstart.solver_share must be in [0, 1], got {self.solver_share}")
         if not (self.turn_solver_share == -1.0 or 0.0 <= self.turn_solver_share <= 1.0):
@@ -359,6 +370,7 @@ class SFTConfig:
     lr: float = 1e-5  # SFT learning rate
 
     def __post_init__(self):
+        _learning_rate("sft.lr", self.lr)
         if self.steps and not Path(self.data).is_file():
             raise ConfigError(f"sft.data: no such file: {self.data!r}")
 
@@ -454,6 +466,7 @@ class RunConfig:
     def __post_init__(self):
         self._check_sample_unit()
         self._check_mix()
+        self._check_lengths()
         d = self.distributed
         if d.enabled and d.coordinator_address != "auto":
             for name in ("env_groups", "val_groups"):
@@ -488,6 +501,21 @@ class RunConfig:
             raise ConfigError(f"env.mix: the entries' val_groups sum to "
                               f"{sum(e.val_groups for e in mix)}, but rollout.val_groups="
                               f"{r.val_groups} (they must be equal)")
+
+    def _check_lengths(self) -> None:
+        """A turn's prompt and its answer share a trajectory's ``max_model_len`` tokens, so an
+        answer budget (``response_length``, the run's or an ``env.mix`` entry's) must leave
+        room for a prompt; without this a huge one reached the update's row builder as a
+        traceback. (The model's own limit, ``max_position_embeddings``, is checked where its
+        ``config.json`` is read: ``budget.check_run``.)"""
+        r = self.rollout
+        own = [(f"env.mix[{i}].rollout.response_length", e.rollout["response_length"])
+               for i, e in enumerate(self.env.mix) if "response_length" in e.rollout]
+        for field, length in [("rollout.response_length", r.response_length), *own]:
+            if length >= r.max_model_len:
+                raise ConfigError(f"{field}={length} must be below rollout.max_model_len="
+                                  f"{r.max_model_len} (a turn's prompt and its answer share "
+                                  f"them)")
 
     def _check_sample_unit(self) -> None:
         """Windows other than ``full`` and cut prompts have no single trajectory sequence:
@@ -630,6 +658,9 @@ def _typed(field: str, value: Any, hint: Any) -> Any:
         origin = next(a for a in typing.get_args(hint) if a is not type(None))
     if origin is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if origin is float and isinstance(value, float) and not math.isfinite(value):
+        # nan passes every comparison a bound makes (nan < 0 and nan > 1 are both False)
+        raise ConfigError(f"{field} must be a finite number, got {value}")
     if origin is tuple and isinstance(value, list | tuple):
         return tuple(value)
     if origin is tuple and isinstance(value, str):  # --config.trainer.logger=wandb

@@ -33,7 +33,14 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from ragen_jax import distributed as dist
-from ragen_jax.checkpoint import CheckpointStore, abstract, nbytes
+from ragen_jax.budget import check_run
+from ragen_jax.checkpoint import (
+    CheckpointRestoreError,
+    CheckpointStore,
+    abstract,
+    check_writable,
+    nbytes,
+)
 from ragen_jax.collapse_monitor import KINDS, CollapseMonitor
 from ragen_jax.compilation import CompileWatch, enable_persistent_cache, progress_note
 from ragen_jax.config import use_run_snapshot
@@ -105,6 +112,7 @@ class Trainer:
         warning = micro_batch_warning(self.plan.step, self.mesh.shape["data"] * self.mesh.shape["fsdp"])
         if warning and self.is_main:
             print(warning, flush=True)
+        check_writable(self.out)  # now, not at the first write after a warm start
         self.store = CheckpointStore(self.out / "checkpoints", keep=run.trainer.keep_checkpoints,
                                      writer=True)
         # Resuming: the checkpoint holds every trained weight, so the folder's are not read.
@@ -416,21 +424,46 @@ class Trainer:
         return {"actor": self.state.actor, "state": self.state.replace(actor=None)}
 
     def maybe_resume(self) -> bool:
-        last = self.store.latest_step()
-        if last is None:
+        """Restores the newest checkpoint that reads; True if one did. A step that does not
+        read (``CheckpointRestoreError``: a file cut short, missing metadata) is named in one
+        line and moved aside (``CheckpointStore.set_aside``, never deleted), and the step
+        before it is tried; with none left the run starts fresh, and says so."""
+        steps = sorted(self.store.all_steps(), reverse=True)
+        if not steps:
             return False
         like = abstract(self._checkpoint_items())
         # The step-0 state is freed before the checkpoint's arrays arrive: holding both, then
         # freeing one, left a 1.5B run's GPU memory too fragmented for its update's buffer.
         self.state = None
-        items, meta = self.store.restore(last, like)
-        self.state = items["state"].replace(actor=items["actor"])
-        self.streaks = Streaks(**meta["streaks"])
-        self.monitor.ema = dict(meta["collapse_ema"])
-        self.marks.marks.update(meta.get("shape_marks", {}))  # (none in older checkpoints)
-        self.step = int(meta["step"])
+        for i, step in enumerate(steps):
+            items, error = None, None
+            try:
+                items, meta = self.store.restore(step, like)
+                host = _host_state(step, meta)
+            except CheckpointRestoreError as e:
+                error = e
+            # Every process takes the same step: one that failed on any is set aside.
+            if not dist.any_process(error is not None):
+                self.state = items["state"].replace(actor=items["actor"])
+                self.step, self.streaks, self.monitor.ema, marks = host
+                self.marks.marks.update(marks)
+                self._refresh_policy()
+                return True
+            items = None
+            moved = self.store.set_aside(step) if self.is_main else None
+            dist.any_process(False)  # the rename is done before the others reread the folder
+            self.store.reload()
+            then = (f"resuming from step {steps[i + 1]}" if i + 1 < len(steps) else
+                    "no complete checkpoint is left: starting fresh from step 0")
+            reason = error.reason if error is not None else "it failed on another process"
+            self.log(f"checkpoint step {step} could not be restored ({reason}); moved aside to "
+                     f"{moved}; {then}")
+        # Every step was damaged. The actor was built without its pretrained weights (a
+        # checkpoint was to replace them), so it is built again, from the model folder.
+        self.actor = build_actor(self.run.model, self.run.seed, self.mesh)
+        self._init_state()
         self._refresh_policy()
-        return True
+        return False
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -561,6 +594,19 @@ class Trainer:
                           "compiled_after_step_1": self.compiled_steps}
 
 
+def _host_state(step: int, meta: dict[str, Any]
+                ) -> tuple[int, Streaks, dict[str, Any], dict[str, Any]]:
+    """``(step, streaks, collapse EMA, shape marks)`` of a checkpoint's meta JSON (no marks
+    in older checkpoints); a JSON that lacks or garbles the others is a damaged step
+    (``CheckpointRestoreError``), as an unreadable one is."""
+    try:
+        return (int(meta["step"]), Streaks(**meta["streaks"]), dict(meta["collapse_ema"]),
+                dict(meta.get("shape_marks", {})))
+    except (KeyError, TypeError, ValueError) as e:
+        reason = f"meta: {type(e).__name__}: {e}"
+        raise CheckpointRestoreError(f"checkpoint step {step}: {reason}", step, reason) from None
+
+
 def build_envs(run: RunConfig) -> dict[str, tuple[Any, Any]]:
     """``{tag: (env, env_params)}`` of every env of the run in order (``schema.env_specs``:
     the training env first, then ``env.val_extra``'s; or the ``env.mix`` entries)."""
@@ -636,8 +682,11 @@ def run(config: ConfigDict | RunConfig, **kw: Any) -> dict[str, Any]:
     enable_persistent_cache()  # a repeated run's compiles are file reads
     return_large_frees_to_os()  # before the weights arrive: see host_memory.py
     dist.initialize(run_config.distributed)  # a no-op if launch.py already did it
+    # Before the model is built: a batch that cannot fit is refused, one that may not is said.
+    memory = check_run(resolve(run_config))
     if jax.process_index() == 0:  # before the model is built: what runs, where it goes
-        print(start_summary(resolve(run_config), jax.devices(), jax.process_count()), flush=True)
+        print(start_summary(resolve(run_config), jax.devices(), jax.process_count(),
+                            memory=memory), flush=True)
     trainer = Trainer(run_config, **kw)
     if trainer.is_main:
         trainer.out.mkdir(parents=True, exist_ok=True)

@@ -102,14 +102,15 @@ def load_tokenizer(model: ModelConfig) -> Any:
 
 def check_model_folder(model: ModelConfig) -> None:
     """Checks a folder run's inputs before anything heavy starts: ``config.json`` (a supported
-    architecture), the safetensors headers (a truncated file or a bad header fails here)
-    and the tokenizer (loadable, no larger than the embedding); raises ``CheckpointError``
-    with one line."""
+    architecture), the safetensors headers (a truncated file or a bad header fails here),
+    the tokenizer (loadable, no larger than the embedding) and ``generation_config.json``
+    (its stop ids); raises ``CheckpointError`` with one line naming the file."""
     if model.path:
         load_model_config(model.path)
         if not hf_folder.is_snapshot(model.path):
             tensor_files(Path(model.path))
         load_tokenizer(model)
+        hf_folder.eos_ids(model.path)  # read again when the rollout is built, after the weights
 
 
 def stop_ids(model: ModelConfig) -> tuple[int, ...]:

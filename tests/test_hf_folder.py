@@ -162,6 +162,8 @@ def _broken(folder: Path, tmp_path: Path, how: str) -> Path:
     elif how == "no-tokenizer":
         for name in ("tokenizer.json", "vocab.json", "merges.txt"):
             (bad / name).unlink(missing_ok=True)
+    elif how == "garbled-config":  # random bytes, not UTF-8: named, not "'utf-8' codec can't"
+        (bad / "config.json").write_bytes(GARBLED)
     elif how == "small-embedding":  # a model whose embedding is smaller than the tokenizer
         cfg = json.loads((bad / "config.json").read_text())
         cfg["vocab_size"] = 1000
@@ -174,8 +176,11 @@ def _broken(folder: Path, tmp_path: Path, how: str) -> Path:
     return bad
 
 
+GARBLED = bytes([0xAE, 0x13, 0xF0, 0x9F, 0x00, 0xFF]) * 50
+
 BROKEN = {"truncated": "model.safetensors", "bad-header": "model.safetensors",
           "no-config": "no config.json", "wrong-architecture": "GemmaForCausalLM",
+          "garbled-config": "config.json is not readable JSON (UnicodeDecodeError",
           "no-tokenizer": "no tokenizer files", "small-embedding": "only 1000 rows"}
 
 
@@ -199,6 +204,25 @@ def test_broken_folder_is_one_line_from_launch_and_eval(folder, tmp_path, how):
         ragen_eval.main([*args, "--out", str(tmp_path / "eval")])
     message = str(exc.value)
     assert message.startswith("ragen_jax.eval: ") and "\n" not in message and BROKEN[how] in message
+
+
+@pytest.mark.parametrize("name", ["config.json", "generation_config.json", "tokenizer.json",
+                                  "tokenizer_config.json"])
+def test_an_unreadable_file_of_the_folder_is_named(hub_folder, tmp_path, name):
+    """A folder file of random bytes is one line naming that file, from the start's folder
+    check (the tokenizer's loader names none, so the folder's files are read to find it)."""
+    from ragen_jax.models import CheckpointError
+    from ragen_jax.schema import ModelConfig
+    from ragen_jax.train_state import check_model_folder
+
+    bad = tmp_path / "bad"
+    shutil.copytree(hub_folder, bad)
+    (bad / name).write_bytes(GARBLED)
+    with pytest.raises(CheckpointError) as e:
+        check_model_folder(ModelConfig(path=str(bad)))
+    message = str(e.value)
+    assert message.startswith(f"{bad / name} is not readable JSON (UnicodeDecodeError: ")
+    assert "\n" not in message
 
 
 @pytest.mark.parametrize("how", ["no-config", "wrong-architecture", "no-tokenizer", "small-embedding"])

@@ -5,8 +5,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import typing
 from pathlib import Path
+from typing import Any
 
+import jax
 import jax.numpy as jnp
 import pytest
 from ml_collections import ConfigDict
@@ -370,3 +373,159 @@ def test_real_model_presets_compute_in_auto_and_stop_after_the_answer(tmp_path):
     c = load_config(["--config", f"{ROOT / 'configs' / 'bandit.py'}:qwen2.5-0.5b",
                      f"--config.model.path={tmp_path}", "--config.rollout.stop_strings=()"])
     assert from_config_dict(c).rollout.stop_strings == ()
+
+
+# -- values nothing checked: learning rates, nan and inf, lengths, memory ----------------------
+
+
+def _with(**fields: Any) -> ConfigDict:
+    """The default config with ``section.field`` values set (``fields``: "actor__lr"=...)."""
+    c = to_config_dict()
+    for key, value in fields.items():
+        section, name = key.split("__")
+        c[section][name] = value
+    return c
+
+
+@pytest.mark.parametrize("field", ["actor.lr", "critic.lr", "warmstart.lr", "sft.lr"])
+def test_every_learning_rate_is_finite_and_at_most_one(field):
+    """-1 and 1e10 trained silently; a rate must be in (0, 1]."""
+    key = field.replace(".", "__")
+    for bad in (-1.0, 0.0, 1.5, 1e10):
+        with pytest.raises(ConfigError, match=rf"^{field.replace('.', '[.]')} must be in \(0, 1\], got {bad!r}$"):
+            from_config_dict(_with(**{key: bad}))
+    for good in (1e-6, 1.0):
+        assert from_config_dict(_with(**{key: good}))
+
+
+def _float_fields() -> list[str]:
+    """Every float field of the schema, as ``section.field``."""
+    out = []
+    for section, cls in typing.get_type_hints(RunConfig).items():
+        hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
+        out += [f"{section}.{name}" for name, hint in hints.items() if hint is float]
+    return out
+
+
+def test_nan_and_inf_are_refused_by_name_in_every_float_field():
+    """Each float field given nan or +-inf (which pass every bound: nan < 0 is False) is a
+    one-line error naming it; on the command line too, where "nan" used to be "nan is of
+    original type <class 'str'>". A string field keeps the word."""
+    fields = _float_fields()
+    assert {"actor.lr", "rollout.temperature", "filter.value", "algorithm.gamma"} <= set(fields)
+    for field in fields:
+        for bad in (float("nan"), float("inf"), float("-inf")):
+            with pytest.raises(ConfigError) as e:
+                from_config_dict(_with(**{field.replace(".", "__"): bad}))
+            assert str(e.value) == f"{field} must be a finite number, got {bad}", field
+    from ragen_jax.config import load_config
+
+    for word, shown in (("nan", "nan"), ("inf", "inf"), ("-Infinity", "-inf"), ("1e400", "inf")):
+        c = load_config(["--config", str(ROOT / "configs/bandit.py"), f"--config.actor.lr={word}"])
+        with pytest.raises(ConfigError, match=rf"^actor\.lr must be a finite number, got {shown}$"):
+            from_config_dict(c)
+    c = load_config(["--config", str(ROOT / "configs/bandit.py"), "--config.trainer.experiment_name=nan"])
+    assert from_config_dict(c).trainer.experiment_name == "nan"
+
+
+def test_an_answer_budget_must_leave_room_for_a_prompt():
+    """``response_length`` at or past ``max_model_len`` (1e9 was a traceback in the update's
+    row builder) is refused naming both, for the run and for an ``env.mix`` entry."""
+    with pytest.raises(ConfigError, match=r"^rollout\.response_length=1000000000 must be below "
+                                          r"rollout\.max_model_len=3600 "):
+        from_config_dict(_with(rollout__response_length=1_000_000_000))
+    with pytest.raises(ConfigError, match=r"^rollout\.response_length=3600 must be below"):
+        from_config_dict(_with(rollout__response_length=3600))
+    assert from_config_dict(_with(rollout__response_length=3599))
+    c = to_config_dict()
+    c.rollout.env_groups = 2
+    c.env.mix = ({"name": "bandit", "groups": 1}, {"name": "sokoban", "groups": 1,
+                                                    "rollout": {"response_length": 5000}})
+    with pytest.raises(ConfigError, match=r"^env\.mix\[1\]\.rollout\.response_length=5000 must be "
+                                          r"below rollout\.max_model_len=3600"):
+        from_config_dict(c)
+
+
+def test_max_model_len_within_the_model_folders_positions(tmp_path):
+    """A folder model reads at most ``max_position_embeddings`` positions (its config.json)."""
+    from ragen_jax.budget import check_run
+    from ragen_jax.models import QwenConfig
+
+    arch = QwenConfig.tiny(max_position_embeddings=2048)
+    (tmp_path / "config.json").write_text(json.dumps(arch.to_hf_dict()))
+    c = _with(model__path=str(tmp_path), rollout__max_model_len=4096)
+    with pytest.raises(ConfigError, match=rf"^rollout\.max_model_len=4096 exceeds the model's "
+                                          rf"max_position_embeddings=2048 \({tmp_path}/config\.json\)$"):
+        check_run(resolve(from_config_dict(c)))
+    c = _with(model__path=str(tmp_path), rollout__max_model_len=2048, rollout__env_groups=1,
+              rollout__group_size=2, rollout__val_groups=2)
+    assert check_run(resolve(from_config_dict(c))) is None
+
+
+def test_parameter_counts_match_the_built_models():
+    """The estimate's parameter counts are the models' own (all, and LoRA's adapters)."""
+    from flax import nnx
+
+    from ragen_jax.budget import parameters
+    from ragen_jax.train_state import build_actor, tiny_config
+
+    for model in (ModelConfig(), ModelConfig(hidden_size=64, num_hidden_layers=2, intermediate_size=96),
+                  ModelConfig(lora_rank=4)):
+        actor = build_actor(model, 0, abstract=not model.lora_rank)
+        size = {kind: sum(x.size for x in jax.tree.leaves(nnx.state(actor, kind)))
+                for kind in (nnx.Param, nnx.LoRAParam)}
+        total, trained = parameters(tiny_config(model), model.lora_rank)
+        assert total == size[nnx.Param] - size[nnx.LoRAParam]  # adapters are Params too
+        assert trained == (size[nnx.LoRAParam] if model.lora_rank else total)
+
+
+def test_a_batch_that_cannot_fit_is_refused_with_its_estimate_and_a_large_one_warned():
+    """``rollout.group_size=1000000`` grew to ~20 GB before the kernel killed it: refused at
+    once, naming the fields, the estimate and the memory there is. A batch whose typical rows
+    may not fit is the start summary's warning; the presets pass silently."""
+    from ragen_jax.budget import GIB, architecture, verdict
+    from ragen_jax.run_summary import start_summary
+
+    def plan(**fields: Any) -> Any:
+        from configs import bandit
+
+        c = bandit.get_config()
+        for key, value in fields.items():
+            section, name = key.split("__")
+            c[section][name] = value
+        return resolve(from_config_dict(c))
+
+    host = 16 * GIB
+    huge = plan(rollout__group_size=1_000_000)
+    with pytest.raises(ConfigError) as e:
+        verdict(huge, architecture(huge), None, host, backend="cpu")
+    message = str(e.value)
+    assert message.startswith("rollout.env_groups x rollout.group_size = 8 x 1000000 = 8000000 "
+                              "rows: the run needs at least ")
+    assert "of host memory (XLA:CPU's devices use it), which has 16.0 GiB (" in message
+    assert "rollout KV cache" in message and "\n" not in message
+    # On an accelerator the cache is device memory: the devices' pool is the one named.
+    with pytest.raises(ConfigError, match="of device memory, which has 80.0 GiB"):
+        verdict(huge, architecture(huge), 80 * GIB, host, backend="gpu")
+    large = plan(rollout__group_size=10_000)
+    warning = verdict(large, architecture(large), None, host, backend="cpu")
+    assert warning.startswith("about ") and "it may not fit; lower rollout.env_groups x " \
+                                            "rollout.group_size = 8 x 10000 (80000 rows)" in warning
+    assert verdict(large, architecture(large), 1024 * GIB, host, backend="gpu") is None
+    default = plan()
+    assert verdict(default, architecture(default), None, host, backend="cpu") is None
+    summary = start_summary(large, [], memory=warning)
+    assert f"  warning      memory: {warning}" in summary.splitlines()
+
+
+def test_launch_refuses_a_batch_that_cannot_fit_in_one_line(tmp_path):
+    import subprocess
+
+    r = subprocess.run([sys.executable, str(ROOT / "launch.py"), "--config", "configs/bandit.py",
+                        "--config.rollout.group_size=1000000",
+                        f"--config.trainer.output_dir={tmp_path / 'run'}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1, r.stderr[-3000:]
+    assert lines[0].startswith("launch.py: rollout.env_groups x rollout.group_size = 8 x 1000000")
+    assert not (tmp_path / "run").exists()  # refused before the run folder was made

@@ -33,14 +33,37 @@ METADATA_FILES = ("config.json", "generation_config.json", *TOKENIZER_FILES)
 SNAPSHOT_MARKER = "ragen_jax_snapshot.json"
 
 
-def _json(path: Path) -> dict:
+def read_json(path: Path) -> dict:
+    """The JSON object in ``path``; a file that cannot be read, is not UTF-8 (random bytes),
+    is not JSON or not an object is a ``CheckpointError`` naming the file."""
     try:
-        d = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # ValueError: UnicodeDecodeError and JSONDecodeError
+        raise CheckpointError(f"{path} is not readable JSON ({describe_error(e)})") from None
     if not isinstance(d, dict):
         raise CheckpointError(f"{path} is not a JSON object")
     return d
+
+
+def unreadable_file(path: str | os.PathLike) -> str | None:
+    """One line naming the first of the folder's tokenizer and config files that cannot be
+    read (a ``.json`` that is not a JSON object, a text file that is not UTF-8), else None:
+    what a tokenizer that failed to load says instead of the library's error, which names
+    no file."""
+    for name in METADATA_FILES:
+        f = Path(path) / name
+        if not f.is_file() or name == "tokenizer.model":  # sentencepiece's model is binary
+            continue
+        try:
+            if name.endswith(".json"):
+                read_json(f)
+            else:
+                f.read_text(encoding="utf-8")
+        except CheckpointError as e:
+            return str(e)
+        except (OSError, ValueError) as e:
+            return f"{f} is not readable text ({describe_error(e)})"
+    return None
 
 
 def check_tokenizer_files(path: str | os.PathLike) -> None:
@@ -67,7 +90,7 @@ def eos_ids(path: str | os.PathLike) -> tuple[int, ...]:
         f = path / name
         if not f.is_file():
             continue
-        value = _json(f).get("eos_token_id")
+        value = read_json(f).get("eos_token_id")
         for i in value if isinstance(value, list) else [value]:
             if isinstance(i, int) and i not in ids:
                 ids.append(i)
@@ -98,7 +121,7 @@ def write_generation_config(path: str | os.PathLike, eos: tuple[int, ...], *,
     (its sampling defaults kept) with ``eos_token_id`` set to ``eos``, else a minimal one."""
     d = {}
     if source is not None and (Path(source) / "generation_config.json").is_file():
-        d = _json(Path(source) / "generation_config.json")
+        d = read_json(Path(source) / "generation_config.json")
     d["eos_token_id"] = list(eos) if len(eos) != 1 else eos[0]
     if bos is not None:
         d.setdefault("bos_token_id", bos)

@@ -26,7 +26,12 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
-from ragen_jax.models.hf_folder import CheckpointError, check_tokenizer_files, describe_error
+from ragen_jax.models.hf_folder import (
+    CheckpointError,
+    check_tokenizer_files,
+    describe_error,
+    unreadable_file,
+)
 
 # The tiny preset's vocabulary size (the model's embedding rows); the BPE never exceeds it.
 TINY_VOCAB_SIZE = 1024
@@ -64,7 +69,8 @@ def load(path: str | os.PathLike | None = None) -> PreTrainedTokenizerBase:
     try:
         return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except Exception as e:  # transformers/tokenizers raise many types for a broken file
-        raise CheckpointError(f"{path}: cannot load its tokenizer ({describe_error(e)})") from None
+        bad = unreadable_file(path)  # their errors do not say which file
+        raise CheckpointError(bad or f"{path}: cannot load its tokenizer ({describe_error(e)})") from None
     finally:
         hf_logging.set_verbosity(verbosity)
 

@@ -24,7 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from ragen_jax.models.hf_folder import CheckpointError, describe_error
+from ragen_jax.models.hf_folder import CheckpointError, describe_error, read_json
 from ragen_jax.models.placement import param_shardings
 from ragen_jax.models.qwen import MODEL_TYPES, Qwen2ForCausalLM, QwenConfig
 
@@ -60,10 +60,7 @@ def load_config(path: str | os.PathLike, *, dtype=jnp.float32, param_dtype=None,
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise CheckpointError(f"no config.json in {path}")
-    try:
-        d = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{cfg_file} is not valid JSON: {e}") from None
+    d = read_json(cfg_file)
     archs = d.get("architectures") or []
     model_type = d.get("model_type")
     if model_type not in MODEL_TYPES or (archs and MODEL_TYPES[model_type] not in archs):
@@ -193,7 +190,7 @@ def from_pretrained(
 def folder_dtype(path: str | os.PathLike) -> str | None:
     """The weights' dtype a Hugging Face folder declares (``torch_dtype`` or ``dtype`` of its
     ``config.json``), e.g. ``"bfloat16"`` for Qwen2.5; None if it declares none."""
-    d = json.loads((Path(path) / "config.json").read_text())
+    d = read_json(Path(path) / "config.json")
     dtype = d.get("torch_dtype") or d.get("dtype")
     return dtype if isinstance(dtype, str) else None
 
