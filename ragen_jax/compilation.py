@@ -10,13 +10,19 @@ persistent compilation cache gave it back (``compile/cache_hits`` counts those):
 whose shapes the run has not fixed still costs a lookup and an executable's load each time.
 Compiles of JAX's own small eager ops count too; after a run's first steps there are none.
 
-**The persistent cache** (``enable_persistent_cache``, on for every run and evaluation):
+**The persistent cache** (``enable_persistent_cache``, called by every run and evaluation):
 JAX's compilation cache in ``$RAGEN_JAX_CACHE/xla`` (default ``~/.cache/ragen_jax/xla``),
 bounded to ``RAGEN_JAX_XLA_CACHE_GB`` GiB (default 4; least recently used entries go first).
 The size bound also turns on the cache's file locking, so several processes (a multi-process
 job on one host, two runs at once, the test suite's workers) read and write it safely; an
-entry is keyed by the program, its compile options, the devices and the jax/XLA version, so a
-stale entry is never used. ``RAGEN_JAX_XLA_CACHE=0`` turns it off.
+entry is keyed by the program, its compile options, the devices, the XLA flags and the
+jax/XLA version, so a stale entry is never used. On by default on GPUs and TPUs; on the CPU
+only with ``RAGEN_JAX_XLA_CACHE=1``, because XLA:CPU (jaxlib 0.10) segfaults now and then
+inside its executables' serialization: a fresh-clone test run (whose workers share a cache)
+lost three workers there on 2026-11-29, twice in ``executable.serialize()`` while writing an
+entry and once in ``deserialize_executable`` while reading one (not a damaged file: entries
+truncated, zeroed or with flipped bytes read back without a crash, and two processes
+writing one cache at once are tested). ``RAGEN_JAX_XLA_CACHE=0`` turns it off everywhere.
 """
 
 from __future__ import annotations
@@ -110,9 +116,14 @@ def progress_note(metrics: dict[str, float]) -> str:
     return f"compiled {count} program{'s' if count > 1 else ''} ({metrics['compile/seconds']:.1f}s)"
 
 
-def cache_dir() -> Path | None:
-    """Where the persistent compilation cache lives, or None when it is turned off."""
-    if os.environ.get("RAGEN_JAX_XLA_CACHE", "1").strip().lower() in ("0", "off", "false", "no"):
+def cache_dir(backend: str | None = None) -> Path | None:
+    """Where the persistent compilation cache lives on ``backend`` (default: JAX's default
+    backend), or None when it is off there (``RAGEN_JAX_XLA_CACHE``: 1 on, 0 off; unset: on
+    except on the CPU, see the module docstring)."""
+    setting = os.environ.get("RAGEN_JAX_XLA_CACHE", "").strip().lower()
+    if setting in ("0", "off", "false", "no"):
+        return None
+    if not setting and (backend or jax.default_backend()) == "cpu":
         return None
     root = os.environ.get("RAGEN_JAX_CACHE") or Path.home() / ".cache" / "ragen_jax"
     return Path(root) / "xla"

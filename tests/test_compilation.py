@@ -41,13 +41,17 @@ def test_a_watch_counts_each_compile_once():
     assert watch.totals()["compile/count"] >= first["compile/count"] + again["compile/count"]
 
 
-def test_the_cache_folder_and_its_opt_out(monkeypatch, tmp_path):
+def test_the_cache_folder_and_its_settings(monkeypatch, tmp_path):
     monkeypatch.setenv("RAGEN_JAX_CACHE", str(tmp_path))
     monkeypatch.delenv("RAGEN_JAX_XLA_CACHE", raising=False)
-    assert compilation.cache_dir() == tmp_path / "xla"
+    # On by default on accelerators, opt-in on the CPU (XLA:CPU's serialization crashes).
+    assert compilation.cache_dir("gpu") == compilation.cache_dir("tpu") == tmp_path / "xla"
+    assert compilation.cache_dir("cpu") is None
+    monkeypatch.setenv("RAGEN_JAX_XLA_CACHE", "1")
+    assert compilation.cache_dir("cpu") == tmp_path / "xla"
     for off in ("0", "off", "false"):
         monkeypatch.setenv("RAGEN_JAX_XLA_CACHE", off)
-        assert compilation.cache_dir() is None
+        assert compilation.cache_dir("gpu") is None
     # A cache the process already has (here: the test suite's) is left as it is.
     assert compilation.enable_persistent_cache() == Path(jax.config.jax_compilation_cache_dir)
 

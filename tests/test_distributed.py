@@ -99,10 +99,11 @@ def _arrays(run: Path, step: int) -> dict[str, np.ndarray]:
 
 
 def _comparable(metrics: dict[str, float]) -> dict[str, float]:
-    # Timings differ; collapse MI diagnostics score a per-process sample of pairs (the first-turn
-    # counts and the gradient analysis are global, so they must match).
+    # Timings and compiles differ; collapse MI diagnostics score a per-process sample of pairs
+    # (the first-turn counts and the gradient analysis are global, so they must match).
     return {k: v for k, v in metrics.items()
-            if not k.startswith(("timing_s/", "collapse_first_turn_sample/", "collapse_trajectory_sample/"))}
+            if not k.startswith(("timing_s/", "compile/", "collapse_first_turn_sample/",
+                                 "collapse_trajectory_sample/"))}
 
 
 def test_two_processes_match_one_process_and_resume_across_processes(tmp_path):
