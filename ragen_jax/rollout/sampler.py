@@ -473,7 +473,14 @@ class Sampler:
             raise ValueError("every active sequence needs at least one real prompt token")
         expand, grouped = None, False
         if cache is None:
-            if self.share_prompts:
+            block = prompt_blocks(tokens, valid) if self.share_prompts and act.all() else 1
+            if block > 1:
+                # Groups of ``block`` rows that share a prompt (a rollout's first turn): one
+                # prompt per group, even where two groups drew the same one, so the program
+                # does not depend on which levels a batch happened to repeat.
+                expand = np.repeat(np.arange(b // block, dtype=np.int32), block)
+                tokens, valid = tokens[::block], valid[::block]
+            elif self.share_prompts:
                 tokens, valid, expand = distinct_rows(tokens, valid)
             grouped = self.group_prefix and expand is not None and np.array_equal(
                 expand, np.repeat(np.arange(tokens.shape[0]), b // tokens.shape[0]))
@@ -522,6 +529,20 @@ def pad_rows(x: np.ndarray, rows: int) -> np.ndarray:
     """``x [D, ...]`` with copies of its row 0 appended up to ``rows`` rows (rows that
     ``expand`` never points to: real tokens, so nothing in them is fully masked)."""
     return np.concatenate([x, np.repeat(x[:1], rows - x.shape[0], axis=0)]) if rows > x.shape[0] else x
+
+
+def prompt_blocks(tokens: np.ndarray, valid: np.ndarray) -> int:
+    """The size ``k`` of the blocks of consecutive rows with one prompt each when
+    ``tokens``/``valid [B, P]`` are such blocks of equal size (the greatest common divisor of
+    the runs of equal rows: two neighbouring groups with one prompt make a run of ``2k``,
+    still ``k`` a block), else 1."""
+    rows = np.where(valid, tokens, -1)
+    if rows.shape[0] < 2:
+        return 1
+    same = (rows[1:] == rows[:-1]).all(axis=1)  # [B - 1]: row i + 1 repeats row i
+    starts = np.flatnonzero(np.concatenate([[True], ~same]))
+    runs = np.diff(np.append(starts, rows.shape[0]))
+    return int(np.gcd.reduce(runs))
 
 
 def distinct_rows(tokens: np.ndarray, valid: np.ndarray

@@ -331,3 +331,21 @@ def test_update_samples_from_new_weights_without_recompiling(model):
     fresh = Sampler(other, share_prompts=False)(PROMPTS, key=jax.random.key(0), params=sp)
     np.testing.assert_array_equal(np.asarray(after.tokens), np.asarray(fresh.tokens))
     assert not np.array_equal(np.asarray(after.tokens), np.asarray(before.tokens))
+
+
+def test_prompt_blocks_are_structural():
+    """A rollout's first turn (groups of k rows, one prompt each) is k blocks whatever prompts
+    the groups share, so the program does not depend on which levels a batch repeated."""
+    from ragen_jax.rollout.sampler import prompt_blocks
+
+    a, b, c = [1, 2, 3], [4, 5, 6], [7, 8, 9]
+    valid = np.ones((8, 3), bool)
+    assert prompt_blocks(np.array([a, a, b, b, c, c, a, a]), valid) == 2
+    assert prompt_blocks(np.array([a, a, a, a, b, b, c, c]), valid) == 2  # groups 0, 1 alike
+    assert prompt_blocks(np.array([a, a, a, a, b, b, b, b]), valid) == 4  # every pair alike: 4
+    assert prompt_blocks(np.array([a, b, c, a, b, c, a, b]), valid) == 1
+    assert prompt_blocks(np.array([a, a, a, b, b, b, c, c]), valid) == 1
+    # padding counts as part of the prompt only where it is real
+    tokens = np.array([[0, 1, 2], [9, 1, 2]] * 4)
+    masked = np.tile(np.array([[False, True, True]]), (8, 1))
+    assert prompt_blocks(tokens, masked) == 8 and prompt_blocks(tokens, valid) == 1
