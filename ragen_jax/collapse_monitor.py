@@ -22,7 +22,7 @@ import numpy as np
 from ragen_jax import distributed as dist
 from ragen_jax.rollout.agent import RolloutBatch
 from ragen_jax.schema import DiagnosticsConfig
-from ragen_jax.shapes import HighWater
+from ragen_jax.shapes import HighWater, round_up
 from ragen_jax.starpo.diagnostics import (
     collapse_metrics,
     cross_scores,
@@ -44,18 +44,20 @@ class CollapseMonitor:
                  max_input_len: int | None = None, max_answer_len: int | None = None):
         self.config = config
         self.kinds = kinds  # the pair kinds scored (a subset of KINDS)
-        # Each kind's program shapes, fixed from the run's config (``cross_scores``' shape):
-        # as many inputs and answers as a measurement can draw, inputs in quarters of the
-        # context window, answers as long as a turn's. None without the config (tests).
-        self.shapes: dict[str, tuple[int, int, int, int]] = {}
-        self.marks: HighWater | None = None  # the run's (``ragen_jax.shapes``), set by the trainer
+        # Each kind's program shapes, fixed from the run's config: as many inputs and answers
+        # as a measurement can draw (``counts``), answers as long as a turn's, inputs in
+        # quarters of the context window (``quarter``) and never narrower than before
+        # (``marks``, the run's ``ragen_jax.shapes.HighWater``, set by the trainer). Empty
+        # without the config (tests): each measurement's own shapes.
+        self.counts: dict[str, tuple[int, int]] = {}
+        self.marks: HighWater | None = None
         if max_input_len and max_answer_len:
-            quarter = -(-max_input_len // 4 // 64) * 64
-            answer = -(-max_answer_len // 16) * 16
+            self.quarter = round_up(-(-max_input_len // 4), 64)
+            self.answer = round_up(max_answer_len, 16)
             first = config.num_samples if groups is None else min(config.num_samples, groups)
-            self.shapes = {"first_turn_sample": (first, config.num_samples, quarter, answer),
+            self.counts = {"first_turn_sample": (first, config.num_samples),
                            "trajectory_sample": (config.trajectory_samples,
-                                                 config.trajectory_samples, quarter, answer)}
+                                                 config.trajectory_samples)}
         self.seed = seed
         self.enable_think = enable_think
         self.ema: dict[str, float] = {}  # the marginal std's EMAs per pair kind (token, sequence)
@@ -94,6 +96,20 @@ class CollapseMonitor:
             out["collapse/valid_thinking_rate"] = thinking / turns if turns else 0.0
         return out
 
+    def _shape(self, kind: str, inputs: list[list[int]]) -> tuple[int, int, int, int] | None:
+        """``cross_scores``' shape for ``kind``'s measurement of ``inputs`` (None without the
+        run's config): the input width in quarters of the context window, at least the
+        widest used before, and for first-turn inputs (the sampler's first prompts) at least
+        the sampler's first-prompt bucket, which the first validation set."""
+        if kind not in self.counts:
+            return None
+        width = max(max(len(x) for x in inputs), 1)
+        if self.marks is not None:
+            if kind == "first_turn_sample":
+                width = max(width, self.marks.marks.get("prompt/first", 0))
+            width = self.marks.fit(f"diagnostics/{kind}/inputs", round_up(width, self.quarter))
+        return (*self.counts[kind], round_up(width, self.quarter), self.answer)
+
     def _pairs(self, kind: str, policy: Any, inputs: list[list[int]],
                reasonings: list[list[int]], column: np.ndarray) -> dict[str, float]:
         """``collapse_<kind>/*``: the MI metrics of one set of pairs under RAGEN's names
@@ -104,8 +120,7 @@ class CollapseMonitor:
         prefix = f"collapse_{kind}/"
         labels = prompt_labels(inputs)
         per_token, per_seq = cross_scores(policy, inputs, reasonings, self.config.micro_batch_size,
-                                         self.config.micro_batch_tokens, self.shapes.get(kind),
-                                         self.marks, f"diagnostics/{kind}")
+                                         self.config.micro_batch_tokens, self._shape(kind, inputs))
         keys = (f"{kind}/marginal_std", f"{kind}/marginal_std_seq")
         out = collapse_metrics(per_token, column, labels, seq_scores=per_seq,
                                std_ema=(self.ema.get(keys[0]), self.ema.get(keys[1])),

@@ -92,20 +92,21 @@ class CompileWatch:
             return _Tally(_tally.count, _tally.seconds, _tally.cache_hits,
                           collections.Counter(_tally.names))
 
+    @staticmethod
+    def _since(then: _Tally, now: _Tally) -> dict[str, float]:
+        return {"compile/count": float(now.count - then.count),
+                "compile/seconds": now.seconds - then.seconds,
+                "compile/cache_hits": float(now.cache_hits - then.cache_hits)}
+
     def take(self) -> dict[str, float]:
         now = self._now()
         last, self._last = self._last, now
         self.names = dict(now.names - last.names)
-        return {"compile/count": float(now.count - last.count),
-                "compile/seconds": now.seconds - last.seconds,
-                "compile/cache_hits": float(now.cache_hits - last.cache_hits)}
+        return self._since(last, now)
 
     def totals(self) -> dict[str, float]:
         """Everything since this watch was made."""
-        now = self._now()
-        return {"compile/count": float(now.count - self._start.count),
-                "compile/seconds": now.seconds - self._start.seconds,
-                "compile/cache_hits": float(now.cache_hits - self._start.cache_hits)}
+        return self._since(self._start, self._now())
 
 
 def progress_note(metrics: dict[str, float]) -> str:

@@ -49,7 +49,7 @@ from ragen_jax.models.copies import (
 from ragen_jax.models.kv_cache import KVCache, positions_from_mask
 from ragen_jax.models.qwen import Qwen2ForCausalLM
 from ragen_jax.rollout.stop_strings import StopAutomaton
-from ragen_jax.shapes import HighWater
+from ragen_jax.shapes import HighWater, round_up
 
 _NEG_INF = float("-inf")
 
@@ -521,8 +521,8 @@ def episode_slots(rollout) -> int:
     64. The cache grows to this once, at the second turn; a batch whose turns still need more
     (rows whose longest prompts and answers fall in different turns) grows again."""
     multiple = rollout.pad_multiple or 64
-    slots = rollout.max_model_len + rollout.max_turn * (multiple + rollout.response_length)
-    return -(-slots // 64) * 64
+    return round_up(rollout.max_model_len + rollout.max_turn * (multiple + rollout.response_length),
+                    64)
 
 
 def pad_rows(x: np.ndarray, rows: int) -> np.ndarray:

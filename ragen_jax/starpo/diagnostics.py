@@ -48,14 +48,13 @@ import numpy as np
 from flax import nnx
 
 from ragen_jax.models.qwen import Qwen2ForCausalLM
-from ragen_jax.shapes import HighWater
+from ragen_jax.shapes import round_up
 from ragen_jax.starpo.token_scores import target_logprobs
 
 
 def cross_scores(model: Qwen2ForCausalLM, inputs: list[list[int]], reasonings: list[list[int]],
                  micro_batch_size: int | None = None, micro_batch_tokens: int | None = None,
-                 shape: tuple[int, int, int, int] | None = None, marks: HighWater | None = None,
-                 site: str = "diagnostics") -> tuple[jax.Array, jax.Array]:
+                 shape: tuple[int, int, int, int] | None = None) -> tuple[jax.Array, jax.Array]:
     """Log-probability of every reasoning under every input, by teacher forcing.
 
     Returns ``(per_token_mean [n_z, n_x], sequence_sum [n_z, n_x])``: the mean and the sum over
@@ -70,24 +69,17 @@ def cross_scores(model: Qwen2ForCausalLM, inputs: list[list[int]], reasonings: l
     bound), which bounds memory: each pair holds a copy of its input's cache, and 128 pairs
     of a 2.5k-token context on the 0.5B shape would hold ~5 GiB of cache copies alone.
 
-    ``shape = (n_x, n_z, x_multiple, width_z)``: the programs' shapes, fixed by the caller (a
-    run's ``CollapseMonitor``) so that every measurement reuses one compiled program: inputs
-    and reasonings are padded to at least these counts (padding pairs are computed and
-    dropped), inputs to a multiple of ``x_multiple`` tokens (a coarse step: measurements'
-    longest inputs vary) and reasonings to at least ``width_z``. None: each measurement's
-    own counts, inputs rounded up to 64 tokens and reasonings to 16. ``marks``
-    (``ragen_jax.shapes.HighWater``): the input width is at least the widest used at
-    ``site`` so far.
+    ``shape = (n_x, n_z, width_x, width_z)``: the least counts and widths of the programs,
+    fixed by the caller (a run's ``CollapseMonitor``) so that every measurement reuses one
+    compiled program: inputs and reasonings are padded to at least these counts (padding
+    pairs are computed and dropped) and widths. Inputs are rounded up to 64 tokens and
+    reasonings to 16 in any case.
     """
     n_z, n_x = len(reasonings), len(inputs)
-    pad_x, pad_z, x_multiple, min_z = (n_x, n_z, 64, 16) if shape is None else shape
+    pad_x, pad_z, min_x, min_z = (n_x, n_z, 0, 0) if shape is None else shape
     pad_x, pad_z = max(n_x, pad_x), max(n_z, pad_z)
-    width_x = -(-max(len(x) for x in inputs) // x_multiple) * x_multiple
-    if marks is not None:
-        # First-turn inputs are the sampler's first prompts: at least as wide as its bucket.
-        floor = marks.marks.get("prompt/first", 0) if site.endswith("first_turn_sample") else 0
-        width_x = marks.fit(f"{site}/inputs", max(width_x, -(-floor // x_multiple) * x_multiple))
-    width_z = max(-(-max(max(len(z) for z in reasonings), 1) // 16) * 16, min_z)
+    width_x = max(round_up(max(len(x) for x in inputs), 64), min_x)
+    width_z = max(round_up(max(max(len(z) for z in reasonings), 1), 16), min_z)
     x_ids = np.zeros((pad_x, width_x), np.int32)
     x_real = np.zeros((pad_x, width_x), bool)
     x_real[:, 0] = True  # a padding input holds one token: nothing in it is fully masked

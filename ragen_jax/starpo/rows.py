@@ -121,9 +121,8 @@ def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
         rows = select_rows(keep, batch.group_ids, multiple, rng, valid)
     if not dist.any_process(rows.size > 0):
         return None
-    width = int(batch.attention_mask[rows].any(0).nonzero()[0].max()) + 1
-    width = int(dist.allgather(np.int64(width)).max())
-    width = marks.fit("update/width", -(-width // pad_multiple) * pad_multiple)
+    width = _fit_width(marks, "update/width",
+                       int(batch.attention_mask[rows].any(0).nonzero()[0].max()) + 1, pad_multiple)
 
     def cols(x):  # this process's rows, cut or zero-padded to the global width
         x = x[rows, :width]
@@ -142,13 +141,10 @@ def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
         row_lengths = lengths[batch.group_ids[rows]]
         suffix = tokens["attention_mask"].sum(1) - row_lengths
 
-        def global_width(site: str, n: np.ndarray) -> int:  # every process's longest, rounded up
-            return marks.fit(site, bucket_length(int(dist.allgather(np.int64(n.max())).max()),
-                                                 pad_multiple, pad_multiple))
-
         table = prefix_table(batch.input_ids, lengths, batch.group_ids,
-                             global_width("update/prefix", lengths))
-        tokens = after_prefix(tokens, row_lengths, global_width("update/suffix", suffix))
+                             _fit_width(marks, "update/prefix", int(lengths.max()), pad_multiple))
+        tokens = after_prefix(tokens, row_lengths,
+                              _fit_width(marks, "update/suffix", int(suffix.max()), pad_multiple))
         # Row = global group id: every process's table, in process order.
         prefixes = Prefixes(*(dist.replicated(dist.allgather(t).reshape(-1, t.shape[1]), mesh)
                               for t in table))
@@ -179,18 +175,23 @@ def calibrate_widths(marks: HighWater, batch: RolloutBatch, rows: np.ndarray, pa
     first validation plays many more levels than a training step, so its longest trajectory
     and first prompt set the update's widths before the training steps meet them one at a
     time (each a program compiled mid-run)."""
-    def fit(site: str, n: int) -> None:
-        n = int(dist.allgather(np.int64(n)).max())
-        if n:
-            marks.fit(site, bucket_length(n, pad_multiple, pad_multiple))
-
     mask = batch.attention_mask[rows]
-    fit("update/width", int(mask.any(0).nonzero()[0].max()) + 1 if mask.any() else 0)
+    _fit_width(marks, "update/width", int(mask.any(0).nonzero()[0].max()) + 1 if mask.any() else 0,
+               pad_multiple)
     if share_prefixes:
         lengths = group_prefix_lengths(batch.input_ids, batch.loss_mask, batch.group_ids)
         row_prefix = lengths[batch.group_ids[rows]]
-        fit("update/prefix", int(row_prefix.max()) if row_prefix.size else 0)
-        fit("update/suffix", int((mask.sum(1) - row_prefix).max()) if row_prefix.size else 0)
+        _fit_width(marks, "update/prefix", int(row_prefix.max()) if row_prefix.size else 0,
+                   pad_multiple)
+        _fit_width(marks, "update/suffix",
+                   int((mask.sum(1) - row_prefix).max()) if row_prefix.size else 0, pad_multiple)
+
+
+def _fit_width(marks: HighWater, site: str, longest: int, pad_multiple: int) -> int:
+    """Every process's ``longest`` at ``site``, rounded up to ``pad_multiple`` (at least one
+    step), and never narrower than the site's mark, which follows."""
+    longest = int(dist.allgather(np.int64(longest)).max())
+    return marks.fit(site, bucket_length(longest, pad_multiple, pad_multiple))
 
 
 def short_width(lengths: np.ndarray, mini_batch_size: int, micro_batches: int,
