@@ -17,7 +17,7 @@ from ragen_jax.rollout.agent import AgentRollout, RolloutConfig
 from ragen_jax.sharding import make_mesh
 from ragen_jax.starpo import advantages as adv_lib
 from ragen_jax.starpo.estimators import AdvantageSettings
-from ragen_jax.starpo.rows import build_step_batch
+from ragen_jax.starpo.rows import RowSettings, build_step_batch
 from ragen_jax.starpo.step import (
     Networks,
     StepSettings,
@@ -54,10 +54,10 @@ def rollout():
 
 def rows_of(batch, unit, share=False, mini=1):
     return build_step_batch(
-        batch, np.ones(GROUPS, bool), np.ones(GROUPS * SIZE, np.float32), group_offset=0,
-        mini_batch_size=mini, pad_multiple=8, group_buckets=np.zeros(GROUPS, np.int32),
-        mesh=make_mesh((1, 1, 1)), rng=np.random.default_rng(0), share_prefixes=share,
-        sample_unit=unit)
+        batch, np.ones(GROUPS, bool), np.ones(GROUPS * SIZE, np.float32),
+        RowSettings(mini, pad_multiple=8, share_prefixes=share, sample_unit=unit),
+        group_buckets=np.zeros(GROUPS, np.int32), mesh=make_mesh((1, 1, 1)),
+        rng=np.random.default_rng(0))
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "drgrpo", "rloo"])
