@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig  # noqa: E402
 from ragen_jax.starpo.diagnostics import cross_scores  # noqa: E402
-from ragen_jax.starpo.update import token_logprobs  # noqa: E402
+from ragen_jax.starpo.token_scores import token_logprobs  # noqa: E402
 
 
 @nnx.jit
