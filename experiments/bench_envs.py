@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 warnings.filterwarnings("ignore")
 
 from ragen_jax.envs import make  # noqa: E402
-from ragen_jax.envs.sokoban_solver import solve  # noqa: E402
+from ragen_jax.envs.sokoban.solver import solve  # noqa: E402
 from tests.envs.test_sokoban import ReferenceSokoban  # noqa: E402
 
 RESULTS = ROOT / "experiments" / "results"
@@ -266,7 +266,7 @@ def driver_rate(name: str, kwargs: dict, actions: int, n_envs: int, per_turn: in
     """Episodes/s of ``n_envs`` envs through the rollout's env driver: a batched reset, then
     turns of ``per_turn`` random actions (random valid names for a JAX env, ``random_action``
     for a host env) until every episode is done or has played ``actions``."""
-    from ragen_jax.envs.host import HostEnvFamily
+    from ragen_jax.envs.host.family import HostEnvFamily
     from ragen_jax.rollout.agent import make_driver
     from ragen_jax.rollout.env_driver import TurnActions, row_state
 
@@ -314,11 +314,11 @@ def rollout_env_share(name: str, kwargs: dict, config: str, policy_kind: str) ->
     well-formed answers, no model: every turn steps the env; an upper bound on the share)."""
     from ragen_jax.config import load_config
     from ragen_jax.models import compute_copy
+    from ragen_jax.policy import build_actor, load_tokenizer
     from ragen_jax.rollout import Sampler
     from ragen_jax.rollout.agent import AgentRollout, train_seeds
     from ragen_jax.rollout.scripted import RandomActionPolicy
     from ragen_jax.schema import from_config_dict, resolve
-    from ragen_jax.train_state import build_actor, load_tokenizer
 
     run = from_config_dict(load_config(["--config", str(ROOT / "configs" / config)]))
     cfg = resolve(run).rollout

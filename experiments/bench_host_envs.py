@@ -1,5 +1,5 @@
 """Host-env throughput: Countdown and Sudoku episodes per second in-process (threads), in the
-worker-process pool, and over HTTP (one ``ragen_jax.envs.serve`` server with ``--workers``
+worker-process pool, and over HTTP (one ``ragen_jax.envs.host.serve`` server with ``--workers``
 worker processes holding the instances, many concurrent sessions), with the cost per env call.
 
 ``python experiments/bench_host_envs.py [--episodes 512]``. Each episode is a reset and one
@@ -46,7 +46,7 @@ def serve(env: str, workers: int) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "ragen_jax.envs.serve", env, "--port", str(port),
+    server = subprocess.Popen([sys.executable, "-m", "ragen_jax.envs.host.serve", env, "--port", str(port),
                                "--workers", str(workers)])
     import httpx
 

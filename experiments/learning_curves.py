@@ -94,9 +94,9 @@ def imitate(name: str, budget: float, seed: int, extra: list[str], out: Path, po
     """The imitation control (see the module docstring): ``curve.json`` of (SFT steps, SFT
     wall seconds, validation success) from the starting policy on."""
     from ragen_jax.config import load_config
+    from ragen_jax.policy import trained
     from ragen_jax.sft import train_sft, warmstart_data
     from ragen_jax.train import Trainer
-    from ragen_jax.train_state import trained
 
     c = load_config(["--config", str(ROOT / f"configs/{name}.py"), f"--config.trainer.output_dir={out}",
                      f"--config.seed={seed}", *extra])

@@ -49,9 +49,10 @@ from ragen_jax.envs import make
 from ragen_jax.host_memory import return_large_frees_to_os
 from ragen_jax.metrics import MetricsLogger, device_memory, make_sinks
 from ragen_jax.models import compute_copy, hf_folder
+from ragen_jax.policy import build_actor, build_state, load_tokenizer, stop_ids, trained
 from ragen_jax.progress import Phase
-from ragen_jax.rollout.agent import AgentRollout, RolloutBatch, RolloutConfig
-from ragen_jax.rollout.batch import padding_fraction
+from ragen_jax.rollout.agent import AgentRollout, RolloutConfig
+from ragen_jax.rollout.batch import RolloutBatch, padding_fraction
 from ragen_jax.rollout.mix import (
     EnvSlot,
     collect_train,
@@ -76,7 +77,6 @@ from ragen_jax.starpo.filtering import ENTROPY_METRICS, filter_groups, trajector
 from ragen_jax.starpo.normalization import normalize_batch
 from ragen_jax.starpo.rows import build_step_batch, calibrate_widths
 from ragen_jax.starpo.update import make_update
-from ragen_jax.train_state import build_actor, build_state, load_tokenizer, stop_ids, trained
 from ragen_jax.viewer import render_html
 
 # Rollout metrics that count (summed over processes); the others are per-episode means.

@@ -441,9 +441,9 @@ def test_export_loads_in_transformers_with_the_same_greedy_actions(reference_run
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ragen_jax.export import export
+    from ragen_jax.policy import load_policy
     from ragen_jax.rollout.context import ChatFormat, ContextConfig
     from ragen_jax.rollout.sampler import Sampler, SamplingParams
-    from ragen_jax.train_state import load_policy
 
     run_dir, _ = reference_run
     hf_dir = export(run_dir, tmp_path / "hf")
@@ -482,7 +482,7 @@ def test_export_restores_the_actor_without_envs_or_optimizers(env, reference_run
     import ragen_jax.train
     from ragen_jax.export import main as export_main
     from ragen_jax.models import from_pretrained
-    from ragen_jax.train_state import load_policy
+    from ragen_jax.policy import load_policy
 
     if env == "bandit":
         run_dir = reference_run[0]

@@ -19,7 +19,7 @@ from ragen_jax.envs import frozenlake_solver, game2048_baseline, rubiks_solver, 
 from ragen_jax.envs.frozenlake import FrozenLake
 from ragen_jax.envs.game2048 import Game2048, host_moves
 from ragen_jax.envs.rubiks import RubiksCube
-from ragen_jax.envs.sokoban import Sokoban
+from ragen_jax.envs.sokoban.env import Sokoban
 
 SOKOBAN_MAX_STATES = 200_000  # search budget per Sokoban state (6x6 one-box levels need far fewer)
 

@@ -40,7 +40,7 @@ import re
 
 import numpy as np
 
-from ragen_jax.envs.host import HostEnv
+from ragen_jax.envs.host.env import HostEnv
 
 INSTRUCTION = (
     "You are solving a Sudoku puzzle. Fill in the grid so that every row, column, and box "

@@ -20,7 +20,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from ragen_jax import distributed as dist
-from ragen_jax.rollout.agent import RolloutBatch
+from ragen_jax.rollout.batch import RolloutBatch
 from ragen_jax.rollout.sampler import bucket_length
 from ragen_jax.shapes import HighWater
 from ragen_jax.starpo.optimizer_step import Prefixes, interleave

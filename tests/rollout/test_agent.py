@@ -11,15 +11,9 @@ from flax import nnx
 from ragen_jax.envs import make
 from ragen_jax.models import positions_from_mask
 from ragen_jax.rollout import Sampler, SamplingParams, ScriptedPolicy
-from ragen_jax.rollout.agent import (
-    AgentRollout,
-    RolloutConfig,
-    collect,
-    env_functions,
-    train_seeds,
-    val_seeds,
-)
+from ragen_jax.rollout.agent import AgentRollout, RolloutConfig, collect, train_seeds, val_seeds
 from ragen_jax.rollout.context import ContextConfig, format_reward
+from ragen_jax.rollout.env_driver import env_functions
 from ragen_jax.starpo.token_scores import token_logprobs
 
 CFG = RolloutConfig(env_groups=2, group_size=2, response_length=32)

@@ -16,15 +16,15 @@ import pytest
 from flax import nnx
 
 from ragen_jax.models import compute_copy
+from ragen_jax.policy import build_actor
 from ragen_jax.schema import ModelConfig
 from ragen_jax.starpo.optimizer_step import (
     TrainBatch,
     UpdateConfig,
     jit_optimizer_step,
     make_optimizer,
-    token_logprobs,
 )
-from ragen_jax.train_state import build_actor
+from ragen_jax.starpo.token_scores import token_logprobs
 
 SMALL = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
              num_key_value_heads=2)

@@ -21,8 +21,8 @@ from ragen_jax.starpo.optimizer_step import (
     UpdateConfig,
     jit_optimizer_step,
     make_optimizer,
-    token_logprobs,
 )
+from ragen_jax.starpo.token_scores import token_logprobs
 
 CFG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
            num_attention_heads=4, num_key_value_heads=2, head_dim=8)

@@ -1,6 +1,6 @@
-"""Serve any registered env over HTTP: ``python -m ragen_jax.envs.serve ENV [--port 8000]``.
+"""Serve any registered env over HTTP: ``python -m ragen_jax.envs.host.serve ENV [--port 8000]``.
 
-The protocol (JSON bodies, one env instance per session; ``ragen_jax.envs.remote.RemoteEnv``
+The protocol (JSON bodies, one env instance per session; ``ragen_jax.envs.host.remote.RemoteEnv``
 is its client, the ``remote`` env of a run):
 
 * ``GET /info`` -> ``{"name", "instruction", "action_names"}``;
@@ -50,7 +50,7 @@ Any client that reaches the port can call it, so the server bounds what one can 
   ``RemoteEnv`` sends its ``token`` param or the same environment variable (which keeps it
   out of the run's saved config).
 
-The instances live in worker processes (``envs.processes``), not in the server: a session is a
+The instances live in worker processes (``envs.host.processes``), not in the server: a session is a
 row of a ``ProcessPool`` of ``--workers`` processes (default: the env's ``max_workers`` if it is
 ``parallel_friendly``, else 1), driven by one thread (``PoolService``) while the event loop
 serves requests. A call past ``step_timeout`` has its worker killed and a crash of a worker
@@ -88,9 +88,10 @@ from typing import Any
 import numpy as np
 
 from ragen_jax.envs import levels
-from ragen_jax.envs.host import HostEnv, HostEnvFamily
-from ragen_jax.envs.processes import Histories, Job, PoolService, ProcessPool, TurnProgress
-from ragen_jax.envs.remote import TOKEN_ENV
+from ragen_jax.envs.host.env import HostEnv
+from ragen_jax.envs.host.family import HostEnvFamily
+from ragen_jax.envs.host.processes import Histories, Job, PoolService, ProcessPool, TurnProgress
+from ragen_jax.envs.host.remote import TOKEN_ENV
 
 
 class JaxAsHost(HostEnv):
@@ -495,7 +496,7 @@ def is_loopback(host: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m ragen_jax.envs.serve ENV [--host H] [--port P] [--workers N] [--token T]
+    """``python -m ragen_jax.envs.host.serve ENV [--host H] [--port P] [--workers N] [--token T]
     [--param NAME=JSON ...] [limits: --max-sessions ...]``."""
     defaults = Limits()
     parser = argparse.ArgumentParser(description="Serve a registered env over HTTP.")

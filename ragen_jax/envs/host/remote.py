@@ -1,4 +1,4 @@
-"""``RemoteEnv``: a host env played over HTTP against ``python -m ragen_jax.envs.serve``.
+"""``RemoteEnv``: a host env played over HTTP against ``python -m ragen_jax.envs.host.serve``.
 
 ``--config.env.name=remote --config.env.params.url=http://127.0.0.1:8000`` plays the served
 env like any host env (in the rollout's worker processes by default). Each instance holds one
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ragen_jax.envs.host import HostEnv
+from ragen_jax.envs.host.env import HostEnv
 
 RETRY_BACKOFF = 0.2  # seconds before the first retry, doubled for each next one
 TOKEN_ENV = "RAGEN_JAX_ENV_TOKEN"  # the server's bearer token, when the params give none

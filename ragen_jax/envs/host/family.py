@@ -1,31 +1,11 @@
-"""Host environments: Python environments that are not pure JAX, played by the same rollout.
-
-RAGEN's environments share one string-in, ``(obs, reward, done, info)``-out contract; most of
-them (Countdown, Sudoku, anything that parses free text, runs a program or calls a server)
-cannot be jitted. A ``HostEnv`` is that contract:
-
-* ``reset(seed) -> text``: the same seed gives the same episode (the rollout resets every env
-  of a group with the group's seed);
-* ``step(action) -> (text, reward, done, info)``: ``action`` is one action of the model's
-  answer (the answer split on ``||``; an action name when the env has ``action_names``);
-  ``info["success"]`` says whether a finished episode was won; ``info["truncated"]`` (optional)
-  that it ended by a step limit rather than by the task; ``info["action_is_effective"]``
-  (optional, default True) that the action changed something.
-
-Optional parts: ``action_names`` (a fixed list the parser matches case-insensitively, as
-RAGEN's ``action_lookup``; empty = free text, every non-empty answer part is passed to
-``step``), ``instruction`` (the system message's env instruction), ``random_action`` (a
-well-formed action for the format warm-start), and RAGEN's ``parallel_friendly`` /
-``max_workers`` (whether different instances may step in parallel threads or processes, and
-how many), plus ``step_timeout`` (seconds one ``reset`` or ``step`` call may take before its
-episode is ended as an env error).
-
-``HostEnvFamily`` is what ``ragen_jax.envs.make`` returns for a host env: it builds one
+"""``HostEnvFamily`` is what ``ragen_jax.envs.make`` returns for a host env: it builds one
 instance per episode slot (a ``HostEnv`` keeps its episode in ``self``) and gives the rollout
 the same small surface as a JAX ``TextEnv`` (``name``, ``action_names_for``, ``render_text``);
 the rollout resets and steps its instances with ``ragen_jax.rollout.host_driver``. The
 rollout's per-row "state" of a host env is a ``HostState``: the last observation text, the
 action names in force and the instance.
+
+(The contract a ``HostEnv`` meets: ``ragen_jax.envs.host.env``.)
 """
 
 from __future__ import annotations
@@ -36,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ragen_jax.envs import processes
-from ragen_jax.envs.host_base import HostEnv  # the contract's base class, defined apart
+from ragen_jax.envs.host import processes
+from ragen_jax.envs.host.env import HostEnv
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +38,7 @@ class HostEnvFamily:
 
     ``parallel_friendly``, ``max_workers`` and ``step_timeout`` default to the prototype's
     class attributes. ``isolation`` (default ``"process"``) says where instances run:
-    ``"process"``, in worker processes (``envs.processes``: a hang is killed, a crash costs
+    ``"process"``, in worker processes (``envs.host.processes``: a hang is killed, a crash costs
     its episode; ``memory_limit_mb`` caps how much a worker's address space may grow), or
     ``"thread"``, in this process on watchdog threads (no processes; a hung call is abandoned,
     not stopped, and a crash or a GIL-holding hang takes the run down). The prototype, which

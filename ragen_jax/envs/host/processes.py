@@ -48,7 +48,7 @@ from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from ragen_jax.envs.host_base import HostEnv
+from ragen_jax.envs.host.env import HostEnv
 
 MAX_ERROR_CHARS = 500  # an error text is cut to this many characters
 START_TIMEOUT = 60.0  # seconds a job may wait for its worker to start and take it

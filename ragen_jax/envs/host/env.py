@@ -1,8 +1,24 @@
-"""The ``HostEnv`` base class (the host-env contract is described in ``ragen_jax.envs.host``).
+"""The ``HostEnv`` contract: a Python environment that is not pure JAX, played by the same rollout.
 
-It lives in its own module so that ``envs.processes``, which ``envs.host`` uses to build
-instances in worker processes, can check what a factory built without importing
-``envs.host`` back.
+RAGEN's environments share one string-in, ``(obs, reward, done, info)``-out contract; most of
+them (Countdown, Sudoku, anything that parses free text, runs a program or calls a server)
+cannot be jitted. A ``HostEnv`` is that contract:
+
+* ``reset(seed) -> text``: the same seed gives the same episode (the rollout resets every env
+  of a group with the group's seed);
+* ``step(action) -> (text, reward, done, info)``: ``action`` is one action of the model's
+  answer (the answer split on ``||``; an action name when the env has ``action_names``);
+  ``info["success"]`` says whether a finished episode was won; ``info["truncated"]`` (optional)
+  that it ended by a step limit rather than by the task; ``info["action_is_effective"]``
+  (optional, default True) that the action changed something.
+
+Optional parts: ``action_names`` (a fixed list the parser matches case-insensitively, as
+RAGEN's ``action_lookup``; empty = free text, every non-empty answer part is passed to
+``step``), ``instruction`` (the system message's env instruction), ``random_action`` (a
+well-formed action for the format warm-start), and RAGEN's ``parallel_friendly`` /
+``max_workers`` (whether different instances may step in parallel threads or processes, and
+how many), plus ``step_timeout`` (seconds one ``reset`` or ``step`` call may take before its
+episode is ended as an env error).
 """
 
 from __future__ import annotations

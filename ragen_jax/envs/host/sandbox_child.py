@@ -1,4 +1,4 @@
-"""The child side of ``ragen_jax.envs.code_sandbox``: confines itself, then runs one program
+"""The child side of ``ragen_jax.envs.host.code_sandbox``: confines itself, then runs one program
 against its tests' inputs and streams what each test produced to file descriptor 3.
 
 Run as a script (``python -I -S -B sandbox_child.py RESULTS_FD LIBDIR...`` or ``... RESULTS_FD

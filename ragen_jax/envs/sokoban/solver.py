@@ -10,7 +10,7 @@ from collections import deque
 
 import numpy as np
 
-from ragen_jax.envs.sokoban import DELTAS, TARGET, WALL
+from ragen_jax.envs.sokoban.types import DELTAS, TARGET, WALL
 
 
 def solve(room_fixed: np.ndarray, boxes: np.ndarray, player: np.ndarray,
