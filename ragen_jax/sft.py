@@ -38,9 +38,9 @@ from ragen_jax.rollout.agent import AgentRollout, RolloutConfig, row_state
 from ragen_jax.rollout.batch import Episode, position_ids
 from ragen_jax.rollout.context import ChatFormat, ContextConfig
 from ragen_jax.rollout.scripted import RandomActionPolicy, SolverMixturePolicy
+from ragen_jax.starpo.optimizer_step import Prefixes
 from ragen_jax.starpo.rows import after_prefix, group_prefix_lengths, prefix_table
 from ragen_jax.starpo.token_scores import token_logprobs
-from ragen_jax.starpo.update import Prefixes
 
 
 def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutConfig,

@@ -37,7 +37,7 @@ from ragen_jax.models.placement import shard_model
 from ragen_jax.models.weights import load_config as load_model_config
 from ragen_jax.models.weights import tensor_files
 from ragen_jax.schema import DTYPES, ModelConfig, RunConfig, compute_dtype, from_config_dict
-from ragen_jax.starpo.step import Networks, StepSettings, TrainState, init_state
+from ragen_jax.starpo.update import Networks, StepSettings, TrainState, init_state
 
 
 def _numerics(model: ModelConfig) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from ragen_jax.schema import (
     resolve,
     to_config_dict,
 )
-from ragen_jax.starpo.update import UpdateConfig
+from ragen_jax.starpo.optimizer_step import UpdateConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

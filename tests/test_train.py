@@ -477,7 +477,7 @@ def test_export_restores_the_actor_without_envs_or_optimizers(env, reference_run
 
     import ragen_jax.envs.registry
     import ragen_jax.rollout.sampler
-    import ragen_jax.starpo.step
+    import ragen_jax.starpo.optimizer_step
     import ragen_jax.starpo.update
     import ragen_jax.train
     from ragen_jax.export import main as export_main
@@ -495,8 +495,8 @@ def test_export_restores_the_actor_without_envs_or_optimizers(env, reference_run
         raise AssertionError("export built an env, a sampler or an optimizer")
 
     for module, name in ((ragen_jax.envs.registry, "make"), (ragen_jax.train, "build_envs"),
+                         (ragen_jax.starpo.optimizer_step, "make_optimizer"),
                          (ragen_jax.starpo.update, "make_optimizer"),
-                         (ragen_jax.starpo.step, "make_optimizer"),
                          (ragen_jax.rollout.sampler.Sampler, "__init__")):
         monkeypatch.setattr(module, name, forbidden)
     out = export_main(["--checkpoint", str(run_dir), "--out", str(tmp_path / "hf")])

@@ -11,7 +11,7 @@ bfloat16 compute on float32 master weights as the trainer keeps them, the sample
    token), batch ``--batches``: tokens/s of a warm call, prefill seconds (a 1-token call on
    the same prompts), decode ms per token-step against the time to read every bf16 weight and
    the attended cache once per step at the measured bandwidth;
-3. one policy-gradient train step (``starpo.update.make_train_step``: AdamW,
+3. one policy-gradient train step (``starpo.optimizer_step.jit_optimizer_step``: AdamW,
    ``--micro-batches``, ``--remat`` as the Qwen2.5 presets set it, ``--train-rows`` rows of
    ``--train-length`` tokens, the second half trained): tokens/s and model FLOP utilisation
    (``6 x parameters x tokens`` plus causal attention, over the measured peak) and the
@@ -59,8 +59,13 @@ from ragen_jax.metrics import device_memory
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig, compute_copy
 from ragen_jax.models.kv_cache import positions_from_mask
 from ragen_jax.rollout import Sampler, SamplingParams
+from ragen_jax.starpo.optimizer_step import (
+    TrainBatch,
+    UpdateConfig,
+    jit_optimizer_step,
+    make_optimizer,
+)
 from ragen_jax.starpo.token_scores import token_logprobs
-from ragen_jax.starpo.update import TrainBatch, UpdateConfig, make_optimizer, make_train_step
 
 
 def sampling(policy, cfg: QwenConfig, batch: int, args, rng) -> dict:
@@ -119,7 +124,7 @@ def train_step(actor, args, batch: TrainBatch, trace: bool = False) -> dict:
     opt = make_optimizer(ucfg)
     holder = {"p": params, "o": opt.init(params)}
     t0 = time.perf_counter()
-    compiled = make_train_step(graphdef, ucfg, opt).lower(params, rest, holder["o"], batch).compile()
+    compiled = jit_optimizer_step(graphdef, ucfg, opt).lower(params, rest, holder["o"], batch).compile()
     compile_s = time.perf_counter() - t0
     temp_gib = float("nan")
     try:

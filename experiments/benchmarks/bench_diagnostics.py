@@ -26,7 +26,7 @@ from flax import nnx
 from experiments.common import RESULTS
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
 from ragen_jax.starpo.diagnostics import cross_scores
-from ragen_jax.starpo.update import token_logprobs
+from ragen_jax.starpo.token_scores import token_logprobs
 
 
 @nnx.jit

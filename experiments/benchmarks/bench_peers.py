@@ -16,7 +16,7 @@ then, in float32 on the CPU:
    Tunix's GRPO loss (``tunix.rl.algo_core.grpo_loss_fn``, the learner's policy loss) with an
    ``nnx.Optimizer`` stepped as its ``PeftTrainer._train_step`` does (``nnx.value_and_grad``,
    then ``optimizer.update``), jitted with the model and optimizer state donated; ours
-   ``starpo.update.make_train_step`` under each ``--train-remat`` policy (Tunix's model at
+   ``starpo.optimizer_step.jit_optimizer_step`` under each ``--train-remat`` policy (Tunix's model at
    its default, no rematerialisation). ``--train-group G``: a GRPO batch, each prompt's G
    answers in a row (Tunix's learner trains such groups, ``num_generations``); ours is then
    also timed with each group's prompt run once per step (``actor.share_prefix``).
@@ -159,14 +159,14 @@ def our_train(model, inputs: dict, args, share: bool = False) -> dict:
     import jax.numpy as jnp
     from flax import nnx
 
-    from ragen_jax.starpo.token_scores import token_logprobs
-    from ragen_jax.starpo.update import (
+    from ragen_jax.starpo.optimizer_step import (
         Prefixes,
         TrainBatch,
         UpdateConfig,
+        jit_optimizer_step,
         make_optimizer,
-        make_train_step,
     )
+    from ragen_jax.starpo.token_scores import token_logprobs
 
     ids = np.concatenate([inputs["train_prompt_ids"], inputs["train_completion_ids"]], 1)
     b, length = ids.shape
@@ -191,7 +191,7 @@ def our_train(model, inputs: dict, args, share: bool = False) -> dict:
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     opt = make_optimizer(ucfg)
     opt_state = opt.init(params)
-    step = make_train_step(graphdef, ucfg, opt)
+    step = jit_optimizer_step(graphdef, ucfg, opt)
     t0 = time.perf_counter()
     compiled = step.lower(params, rest, opt_state, batch, prefixes).compile()
     compile_s = time.perf_counter() - t0

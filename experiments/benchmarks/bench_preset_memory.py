@@ -39,7 +39,12 @@ def step_memory(shape: str, rows: int, length: int, micro_batches: int, remat: s
 
     from experiments.benchmarks.shapes import model_config
     from ragen_jax.models import Qwen2ForCausalLM
-    from ragen_jax.starpo.update import TrainBatch, UpdateConfig, make_optimizer, make_train_step
+    from ragen_jax.starpo.optimizer_step import (
+        TrainBatch,
+        UpdateConfig,
+        jit_optimizer_step,
+        make_optimizer,
+    )
 
     cfg = model_config(shape, dtype=jnp.bfloat16, remat=remat)
     abstract = nnx.eval_shape(lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)))
@@ -49,7 +54,7 @@ def step_memory(shape: str, rows: int, length: int, micro_batches: int, remat: s
     spec = lambda dtype: jax.ShapeDtypeStruct((rows, length), dtype)  # noqa: E731
     data = TrainBatch(spec(jnp.int32), spec(jnp.bool_), spec(jnp.int32), spec(jnp.float32),
                       spec(jnp.float32), spec(jnp.float32))
-    compiled = make_train_step(graphdef, ucfg, opt).lower(
+    compiled = jit_optimizer_step(graphdef, ucfg, opt).lower(
         params, rest, jax.eval_shape(opt.init, params), data).compile()
     m = compiled.memory_analysis()
     return {"arguments": m.argument_size_in_bytes / GiB, "temporaries": m.temp_size_in_bytes / GiB}

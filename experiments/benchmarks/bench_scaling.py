@@ -44,7 +44,12 @@ def weak_scaling_child(devices: int, per_device: int, length: int, repeats: int)
     from ragen_jax.models import Qwen2ForCausalLM
     from ragen_jax.models.placement import shard_model
     from ragen_jax.sharding import make_mesh
-    from ragen_jax.starpo.update import TrainBatch, UpdateConfig, make_optimizer, make_train_step
+    from ragen_jax.starpo.optimizer_step import (
+        TrainBatch,
+        UpdateConfig,
+        jit_optimizer_step,
+        make_optimizer,
+    )
 
     assert jax.device_count() == devices, jax.devices()
     mesh = make_mesh((devices, 1, 1))
@@ -54,7 +59,7 @@ def weak_scaling_child(devices: int, per_device: int, length: int, repeats: int)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     opt = make_optimizer(ucfg)
     opt_state = dist.on_mesh(opt.init(params), mesh)
-    step = make_train_step(graphdef, ucfg, opt, mesh=mesh)
+    step = jit_optimizer_step(graphdef, ucfg, opt, mesh=mesh)
     rng = np.random.default_rng(0)
     b = per_device * devices
     host = dict(ids=rng.integers(0, cfg.vocab_size, (b, length), dtype=np.int32),
@@ -127,7 +132,7 @@ from ragen_jax.rollout.sampler import SamplingParams
 from ragen_jax.rollout.sampler import HashedGraph, generate_jit
 _generate = generate_jit(False)
 from ragen_jax.sharding import batch_sharding, make_mesh
-from ragen_jax.starpo.update import UpdateConfig, make_optimizer, make_train_step
+from ragen_jax.starpo.optimizer_step import UpdateConfig, make_optimizer, jit_optimizer_step
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 def config(name):
@@ -154,7 +159,7 @@ for kind, name, mesh_shape, batch, length in CASES:
             opt = make_optimizer(ucfg)
             opt_state = jax.eval_shape(opt.init, params)
             data = train_batch(batch, length, cfg.vocab_size, batch_sharding(mesh))
-            compiled = make_train_step(graphdef, ucfg, opt).lower(params, rest, opt_state, data).compile()
+            compiled = jit_optimizer_step(graphdef, ucfg, opt).lower(params, rest, opt_state, data).compile()
         else:
             cfg = cfg.replace(param_dtype=cfg.dtype)  # the sampler's copy is in the compute dtype
             graphdef, state = nnx.split(nnx.eval_shape(lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))))

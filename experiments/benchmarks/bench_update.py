@@ -32,7 +32,7 @@ def run_throughput(quick: bool) -> list[str]:
     from flax import nnx
 
     from ragen_jax.models import Qwen2ForCausalLM
-    from ragen_jax.starpo.update import UpdateConfig, make_optimizer, make_train_step
+    from ragen_jax.starpo.optimizer_step import UpdateConfig, jit_optimizer_step, make_optimizer
 
     grid = {"tiny": [(8, 256), (32, 256), (8, 1024)], "0.5b": [(1, 256), (2, 256)]}
     if quick:
@@ -46,7 +46,7 @@ def run_throughput(quick: bool) -> list[str]:
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
         opt = make_optimizer(ucfg)
         opt_state = opt.init(params)
-        step = make_train_step(graphdef, ucfg, opt)
+        step = jit_optimizer_step(graphdef, ucfg, opt)
         for batch, length in cells:
             data = train_batch(batch, length, cfg.vocab_size)
             start = time.perf_counter()
@@ -77,7 +77,7 @@ from experiments.benchmarks.shapes import model_config, train_batch
 from ragen_jax.models import Qwen2ForCausalLM
 from ragen_jax.models.placement import param_shardings
 from ragen_jax.sharding import batch_sharding, make_mesh
-from ragen_jax.starpo.update import UpdateConfig, make_optimizer, make_train_step
+from ragen_jax.starpo.optimizer_step import UpdateConfig, make_optimizer, jit_optimizer_step
 
 for name, mesh_shape, batch, length in CASES:
     cfg = model_config(name, param_dtype=jnp.bfloat16, dtype=jnp.bfloat16)
@@ -95,7 +95,7 @@ for name, mesh_shape, batch, length in CASES:
     data = train_batch(batch, length, cfg.vocab_size, batch_sharding(mesh))
     start = time.perf_counter()
     try:
-        compiled = make_train_step(graphdef, ucfg, opt).lower(params, rest, opt_state, data).compile()
+        compiled = jit_optimizer_step(graphdef, ucfg, opt).lower(params, rest, opt_state, data).compile()
         mem = compiled.memory_analysis()
         res = dict(args=mem.argument_size_in_bytes, temp=mem.temp_size_in_bytes, out=mem.output_size_in_bytes)
     except Exception as e:  # report, do not hide
@@ -112,7 +112,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
-from ragen_jax.starpo.update import TrainBatch, UpdateConfig, make_optimizer, make_train_step
+try:
+    from ragen_jax.starpo.optimizer_step import TrainBatch, UpdateConfig, jit_optimizer_step, make_optimizer
+except ImportError:  # a commit from before the optimizer step had its module
+    from ragen_jax.starpo.update import TrainBatch, UpdateConfig, make_optimizer
+    from ragen_jax.starpo.update import make_train_step as jit_optimizer_step
 
 def roofline(n=2048, repeats=5):
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
@@ -145,14 +149,14 @@ for kind, layers, b, t, options in CASES:
             opt_state = jax.eval_shape(opt.init, params)
             data = jax.eval_shape(lambda: batch_of(b, t, cfg.vocab_size))
             t0 = time.perf_counter()
-            make_train_step(graphdef, ucfg, opt).lower(params, rest, opt_state, data).compile()
+            jit_optimizer_step(graphdef, ucfg, opt).lower(params, rest, opt_state, data).compile()
             res["compile_s"] = time.perf_counter() - t0
         else:
             res["roofline_gflops"] = roofline()
             graphdef, params, rest = nnx.split(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
             opt_state = opt.init(params)
             data = batch_of(b, t, cfg.vocab_size)
-            step = make_train_step(graphdef, ucfg, opt)
+            step = jit_optimizer_step(graphdef, ucfg, opt)
             t0 = time.perf_counter()
             compiled = step.lower(params, rest, opt_state, data).compile()
             res["compile_s"] = time.perf_counter() - t0

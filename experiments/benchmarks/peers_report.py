@@ -39,7 +39,7 @@ NOTES = (
     "each call's chunk at once; `--baseline-prefill-tokens`), timed in the same run. The "
     "train "
     "step runs Tunix's `grpo_loss_fn` (full `[B, L, V]` logits) under an `nnx.Optimizer` "
-    "as its `PeftTrainer` steps it; ours `make_train_step` (log-probs from hidden states in "
+    "as its `PeftTrainer` steps it; ours `jit_optimizer_step` (log-probs from hidden states in "
     "chunks, entropy bonus 0.001, dual clip 3), under each `remat` policy listed (Tunix's "
     "model at its default, `RematConfig.NONE`). The pg losses agree at the first step "
     "(ratio 1: minus the token-mean advantage). With `--train-group` above 1 the rows are a "

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ragen_jax.models import QwenConfig
-    from ragen_jax.starpo.update import TrainBatch
+    from ragen_jax.starpo.optimizer_step import TrainBatch
 
 SHAPES = {  # Hugging Face Qwen2.5-*-Instruct config.json values (0.5B: QwenConfig's preset)
     "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
@@ -56,7 +56,7 @@ def train_batch(batch: int, length: int, vocab: int, sharding: Any = None) -> Tr
     import jax
     import jax.numpy as jnp
 
-    from ragen_jax.starpo.update import TrainBatch
+    from ragen_jax.starpo.optimizer_step import TrainBatch
 
     def arr(shape, dtype):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)

@@ -17,11 +17,11 @@ from flax import nnx
 
 from ragen_jax.models import compute_copy
 from ragen_jax.schema import ModelConfig
-from ragen_jax.starpo.update import (
+from ragen_jax.starpo.optimizer_step import (
     TrainBatch,
     UpdateConfig,
+    jit_optimizer_step,
     make_optimizer,
-    make_train_step,
     token_logprobs,
 )
 from ragen_jax.train_state import build_actor
@@ -50,7 +50,7 @@ def train(model_config: ModelConfig, lr: float, steps: int):
     graphdef, params, rest = nnx.split(actor, nnx.Param, ...)
     before = jax.tree.map(np.asarray, params)
     config = UpdateConfig(lr=lr, weight_decay=0.0, entropy_coeff=0.0)
-    step = make_train_step(graphdef, config)
+    step = jit_optimizer_step(graphdef, config)
     opt_state = make_optimizer(config).init(params)
     losses = []
     for _ in range(steps):
