@@ -114,7 +114,7 @@ class Sokoban(TextEnv[EnvState, EnvParams]):
         if num_boxes > width - 2:
             raise ValueError(f"sokoban: num_boxes must be at most width - 2 = {width - 2}, got {num_boxes}")
         # Reverse-search effort, calibrated so that the optimal solution lengths match RAGEN's
-        # DFS (experiments/bench_envs.py): (walks, pulls per walk) by number of boxes. A shallow
+        # DFS (experiments/benchmarks/bench_envs.py): (walks, pulls per walk) by number of boxes. A shallow
         # search (under 16 moves) is weaker in RAGEN (its DFS marks a state explored on the
         # first, often deepest, path that reaches it), so one unbiased walk with one box.
         budget = self.search_depth - 2
