@@ -15,6 +15,7 @@ import importlib.util
 import pkgutil
 import re
 import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -269,6 +270,67 @@ def test_no_import_cycles_in_ragen_jax_or_experiments():
     cycles = find_cycles(graph)
     assert not cycles, "import cycles:\n" + "\n".join(
         "  " + " -> ".join(cycle) for cycle in cycles)
+
+
+def defined_names(tree: ast.Module) -> set[str]:
+    """The names a module defines at top level (functions, classes, assignments), not those it
+    imports."""
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+def reexported_imports(modules: Mapping[str, tuple[Path, bool]], files: Iterable[Path]
+                       ) -> list[str]:
+    """``from M import name`` lines, in ``files``, whose ``name`` M only imports from elsewhere:
+    a name is imported from the module that defines it. A package's ``__init__`` is exempt (its
+    names are the package's public surface), as are submodules (``from pkg import module``)."""
+    defined = {}
+    found = []
+    for path in files:
+        for node in _import_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom) or node.level or node.module not in modules:
+                continue
+            source, is_package = modules[node.module]
+            if is_package:
+                continue
+            if node.module not in defined:
+                defined[node.module] = defined_names(ast.parse(source.read_text(encoding="utf-8")))
+            found += [f"{path.relative_to(REPO)}:{node.lineno}: {a.name} from {node.module}"
+                      for a in node.names
+                      if a.name not in defined[node.module] and f"{node.module}.{a.name}" not in modules]
+    return found
+
+
+def test_reexported_imports_are_found(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    files = {"a.py": "import os\nX = 1\ndef f(): pass\n", "b.py": "from a import X, f\n",
+             "c.py": "from a import X\nfrom b import f\nfrom pkg import a\n", "pkg/__init__.py": "from a import X\n",
+             "d.py": "from pkg import X\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    modules = {"a": (tmp_path / "a.py", False), "b": (tmp_path / "b.py", False),
+               "pkg": (tmp_path / "pkg/__init__.py", True), "pkg.a": (tmp_path / "a.py", False)}
+    assert defined_names(ast.parse(files["a.py"])) == {"X", "f"}
+    found = reexported_imports(modules, [tmp_path / n for n in files])
+    assert found == ["c.py:2: f from b"]
+
+
+def test_names_are_imported_from_the_module_that_defines_them():
+    """No module re-exports another's names (a shim that hides where a name lives)."""
+    modules = package_modules() | source_modules("experiments")
+    files = [path for folder in ("ragen_jax", "experiments", "tests", "configs")
+             for path in sorted((REPO / folder).rglob("*.py"))] + [REPO / "launch.py"]
+    found = reexported_imports(modules, files)
+    assert len(files) > 100
+    assert not found, "names imported through a module that does not define them:\n" + \
+        "\n".join("  " + line for line in found)
 
 
 def test_experiments_do_not_edit_sys_path():
