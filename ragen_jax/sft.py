@@ -24,9 +24,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from ragen_jax.rollout.batch import position_ids
 from ragen_jax.rollout.context import ChatFormat, ContextConfig
+from ragen_jax.starpo.optimizer_step import Prefixes
 from ragen_jax.starpo.rows import after_prefix, group_prefix_lengths, prefix_table
 from ragen_jax.starpo.token_scores import token_logprobs
-from ragen_jax.starpo.update import Prefixes
 
 
 def conversation_data(path: str | os.PathLike, tokenizer: Any, *, max_len: int,

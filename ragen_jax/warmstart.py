@@ -36,15 +36,16 @@ from jax.sharding import Mesh
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
+from ragen_jax.policy import build_actor, trained
 from ragen_jax.progress import Phase
-from ragen_jax.rollout.agent import AgentRollout, RolloutConfig, row_state
+from ragen_jax.rollout.agent import AgentRollout, RolloutConfig
 from ragen_jax.rollout.batch import Episode
 from ragen_jax.rollout.context import ChatFormat
+from ragen_jax.rollout.env_driver import row_state
 from ragen_jax.rollout.mix import EnvSlot
 from ragen_jax.rollout.scripted import RandomActionPolicy, SolverMixturePolicy
 from ragen_jax.schema import RunConfig, WarmstartConfig
 from ragen_jax.sft import conversation_data, left_aligned, train_sft
-from ragen_jax.train_state import build_actor, trained
 
 # ----------------------------------------------------------------------------------------------
 # The data

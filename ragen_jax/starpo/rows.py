@@ -17,7 +17,7 @@ Read top to bottom, an iteration (``Trainer.train_step``) is:
 A row is a trajectory (``sample_unit="trajectory"``: the rollout's transcript rows) or a
 turn (``"turn"``: ``RolloutBatch.turn_samples()``, each turn's prompt then its answer, with
 every episode's score and group replicated beside them for the episode-level advantages of
-``starpo.step``). Filtering keeps or drops whole groups either way.
+``starpo.update``). Filtering keeps or drops whole groups either way.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from ragen_jax import distributed as dist
 from ragen_jax.rollout.batch import RolloutBatch
 from ragen_jax.rollout.sampler import bucket_length
 from ragen_jax.shapes import HighWater
-from ragen_jax.starpo.step import SAMPLE_UNITS, Episodes, StepBatch
-from ragen_jax.starpo.update import Prefixes, interleave
+from ragen_jax.starpo.optimizer_step import Prefixes, interleave
+from ragen_jax.starpo.update import SAMPLE_UNITS, Episodes, StepBatch
 
 # ----------------------------------------------------------------------------------------------
 # 1. Every process's episodes

@@ -22,8 +22,8 @@ from ragen_jax.starpo.rows import (
     group_prefix_lengths,
     short_width,
 )
-from ragen_jax.starpo.step import make_update
 from ragen_jax.starpo.token_scores import token_logprobs
+from ragen_jax.starpo.update import make_update
 from tests.starpo.test_step import CFG, build, copy, settings
 
 V = CFG["vocab_size"]
