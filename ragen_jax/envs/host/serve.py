@@ -90,7 +90,8 @@ import numpy as np
 from ragen_jax.envs import levels
 from ragen_jax.envs.host.env import HostEnv
 from ragen_jax.envs.host.family import HostEnvFamily
-from ragen_jax.envs.host.processes import Histories, Job, PoolService, ProcessPool, TurnProgress
+from ragen_jax.envs.host.pool_service import PoolService
+from ragen_jax.envs.host.processes import Histories, Job, ProcessPool, TurnProgress
 from ragen_jax.envs.host.remote import TOKEN_ENV
 
 
