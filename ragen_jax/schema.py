@@ -29,7 +29,8 @@ import jax.numpy as jnp
 from ml_collections import ConfigDict
 
 from ragen_jax.config import run_folder
-from ragen_jax.models.qwen import ATTENTION_IMPLS, REMAT_POLICIES
+from ragen_jax.models.attention import ATTENTION_IMPLS
+from ragen_jax.models.qwen_config import REMAT_POLICIES
 from ragen_jax.rollout.agent import RolloutConfig
 from ragen_jax.starpo.estimators import ESTIMATORS, NEEDS_CRITIC, AdvantageSettings
 from ragen_jax.starpo.filtering import FilterConfig

@@ -450,9 +450,10 @@ def test_max_model_len_within_the_model_folders_positions(tmp_path):
     """A folder model reads at most ``max_position_embeddings`` positions (its config.json)."""
     from ragen_jax.budget import check_run
     from ragen_jax.models import QwenConfig
+    from ragen_jax.models.hf_convert import config_to_hf
 
     arch = QwenConfig.tiny(max_position_embeddings=2048)
-    (tmp_path / "config.json").write_text(json.dumps(arch.to_hf_dict()))
+    (tmp_path / "config.json").write_text(json.dumps(config_to_hf(arch)))
     c = _with(model__path=str(tmp_path), rollout__max_model_len=4096)
     with pytest.raises(ConfigError, match=rf"^rollout\.max_model_len=4096 exceeds the model's "
                                           rf"max_position_embeddings=2048 \({tmp_path}/config\.json\)$"):

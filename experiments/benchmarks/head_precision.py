@@ -66,7 +66,7 @@ def main() -> None:
 
     @nnx.jit
     def both_heads(m):
-        x, _ = m.model(tokens, positions, None, None, None)  # [B, T, E] bf16 final hidden
+        x = m.model(tokens, positions)  # [B, T, E] bf16 final hidden
         w = m.model.embed_tokens.weight[...] if m.lm_head is None else m.lm_head.weight[...]
         rounded = jnp.einsum("bte,ve->btv", x.astype(jnp.bfloat16), w.astype(jnp.bfloat16))
         return scores(rounded.astype(jnp.float32), targets), scores(m.logits(x), targets)

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from ragen_jax.models.hf_folder import CheckpointError
     from ragen_jax.models.kv_cache import KVCache, positions_from_mask
     from ragen_jax.models.placement import shard_model
-    from ragen_jax.models.qwen import Qwen2ForCausalLM, Qwen2ForValue, QwenConfig
+    from ragen_jax.models.qwen import Qwen2ForCausalLM, Qwen2ForValue
+    from ragen_jax.models.qwen_config import QwenConfig
     from ragen_jax.models.weights import (
         from_pretrained,
         load_config,
@@ -29,7 +30,7 @@ _EXPORTS = {
     "KVCache": "kv_cache",
     "Qwen2ForCausalLM": "qwen",
     "Qwen2ForValue": "qwen",
-    "QwenConfig": "qwen",
+    "QwenConfig": "qwen_config",
     "compute_copy": "copies",
     "from_pretrained": "weights",
     "load_config": "weights",

@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ragen_jax.models.qwen import Linear, Qwen2ForCausalLM, output_head, unstack_layers
+from ragen_jax.models.qwen import Linear, Qwen2ForCausalLM, output_head
+from ragen_jax.models.stacking import unstack_layers
 
 
 def per_layer(model: nnx.Module) -> nnx.Module:

@@ -171,8 +171,8 @@ def test_critic_from_actor_and_value_steps_reduce_loss():
 
     actor, batch = make_case(4)
     critic = Qwen2ForValue.from_actor(actor)
-    h_actor, _ = actor.model(batch.input_ids, batch.positions, batch.attention_mask)
-    h_critic, _ = critic.model(batch.input_ids, batch.positions, batch.attention_mask)
+    h_actor = actor.model(batch.input_ids, batch.positions, batch.attention_mask)
+    h_critic = critic.model(batch.input_ids, batch.positions, batch.attention_mask)
     np.testing.assert_array_equal(np.asarray(h_actor), np.asarray(h_critic))
     old = token_values(critic, batch.input_ids, batch.attention_mask, batch.positions)
     returns = jnp.where(batch.loss_mask > 0, 1.0, 0.0)
