@@ -24,7 +24,7 @@ from ragen_jax.starpo.rows import (
 )
 from ragen_jax.starpo.token_scores import token_logprobs
 from ragen_jax.starpo.update import make_update
-from tests.starpo.test_step import CFG, build, copy, settings
+from tests.starpo.test_update import CFG, build, copy, settings
 
 V = CFG["vocab_size"]
 
