@@ -29,6 +29,15 @@ _JIT_CACHE_SETTINGS = {
     # A size limit turns on the cache's file lock: no process reads an entry another is writing.
     "jax_compilation_cache_max_size": 4 << 30,
 }
+# XLA:CPU's LLVM code generation at its lowest optimisation level: compiling is most of a
+# test's time (a micro run's steps take under a second once compiled), and this level compiles
+# about a third faster. Floats can differ in their last bits from the default level's
+# (instruction choices such as fused multiply-adds), so a seed's run can take another path;
+# every comparison the tests make is between programs compiled alike, or within tolerances.
+# Set before jax starts its backend; the processes tests start inherit it.
+_FAST_COMPILE = "--xla_backend_optimization_level=0"
+if _FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILE}".strip()
 for _name, _value in _JIT_CACHE_SETTINGS.items():
     os.environ[_name.upper()] = str(_value)  # for the processes tests start
     jax.config.update(_name, _value)  # for this one (jax is imported already)
@@ -48,3 +57,25 @@ def _private_warmstart_cache(tmp_path_factory):
         os.environ.pop("RAGEN_JAX_CACHE", None)
     else:
         os.environ["RAGEN_JAX_CACHE"] = old
+
+
+# Module fixtures that train or convert a model (a minute or more each): the tests that read one
+# run on the worker that built it (pyproject.toml runs xdist with --dist loadgroup), instead of
+# each worker building its own copy.
+_SHARED_RUNS = ("reference_run", "two_steps", "trained", "smollm2")
+# Files whose tests train end to end or start processes that do (a minute or more each), in
+# this order before the rest: the two workers then finish together instead of one waiting on a
+# long last test.
+_LONG_FIRST = ("test_distributed.py", "test_train.py", "test_hf_folder.py",
+               "test_checkpoint_recovery.py", "test_held_out.py", "test_compilation.py",
+               "test_remote_train.py", "test_eval.py")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for name in _SHARED_RUNS:
+            if name in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(f"{item.path.stem}.{name}"))
+    rank = {name: i for i, name in enumerate(_LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable within a file

@@ -42,7 +42,8 @@ def _free_port() -> int:
 
 
 def _env(devices: int) -> dict[str, str]:
-    return dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+    return dict(os.environ, XLA_FLAGS=flags.strip(),
                 JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
 
 
