@@ -34,10 +34,11 @@ _JIT_CACHE_SETTINGS = {
 # about a third faster. Floats can differ in their last bits from the default level's
 # (instruction choices such as fused multiply-adds), so a seed's run can take another path;
 # every comparison the tests make is between programs compiled alike, or within tolerances.
-# Set before jax starts its backend; the processes tests start inherit it.
-_FAST_COMPILE = "--xla_backend_optimization_level=0"
-if _FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILE}".strip()
+# Set before jax starts its backend, unless XLA_FLAGS names a level; the processes tests start
+# inherit it.
+if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} "
+                               "--xla_backend_optimization_level=0").strip()
 for _name, _value in _JIT_CACHE_SETTINGS.items():
     os.environ[_name.upper()] = str(_value)  # for the processes tests start
     jax.config.update(_name, _value)  # for this one (jax is imported already)
