@@ -358,7 +358,8 @@ def test_an_untrained_start_saves_no_step_zero_checkpoint(tmp_path, capsys):
     config, and a 1.5B run's checkpoint (weights, critic, AdamW moments) is ~37 GB of disk.
     The run's start summary says the compute dtype ``auto`` took here, and why."""
     summary = _run(micro_config(tmp_path, steps=2, extra=("--config.warmstart.steps=0",
-                                                          "--config.model.dtype=auto")))
+                                                          "--config.model.dtype=auto",
+                                                          "--config.diagnostics.compute_freq=0")))
     assert summary["step"] == 2
     assert "\n  compute      float32 (model.dtype=auto, on XLA:CPU" in capsys.readouterr().out
     assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == [2]
