@@ -34,7 +34,7 @@ def main(argv: list[str]) -> None:
         config = load_config(argv[1:], prog="launch.py", default=str(ROOT / "configs/sokoban.py"))
         config = use_run_snapshot(config)  # resuming a run whose model folder has moved
         from ragen_jax import distributed, schema
-        from ragen_jax.train_state import check_model_folder
+        from ragen_jax.policy import check_model_folder
 
         run_config = schema.from_config_dict(config)  # every field checked, one-line errors
         check_model_folder(run_config.model)  # config.json, architecture, tokenizer files

@@ -4,8 +4,10 @@ One process per host (or per GPU), each driving its local devices. Parameters an
 batch live on the global mesh; rollouts are process-local: every process plays its share of
 the env groups with a replica of the policy on its own devices, and feeds only its rows to the
 update (``jax.make_array_from_process_local_data``). Small host values (group scores, metrics,
-stop flags) are exchanged with ``multihost_utils.process_allgather``. With one process every
-function here is the identity or the single-process path.
+stop flags) are exchanged with ``multihost_utils.process_allgather`` (``allgather_rows``: many
+per-row arrays in one collective; a training iteration's exchanges are listed in
+``starpo.rows``). With one process every function here is the identity or the single-process
+path.
 
 Failure handling: a process that never joins, or one that dies mid-run, ends the others within
 ``distributed.initialization_timeout_s`` / ``heartbeat_timeout_s`` (JAX's coordination service
@@ -116,6 +118,26 @@ def allgather(x: Any) -> np.ndarray:
     if not multiprocess():
         return x[None]
     return np.asarray(multihost_utils.process_allgather(x))
+
+
+def allgather_rows(arrays: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Every process's per-row host values in one collective: each array's leading axis is
+    this process's rows (as many on every process) and becomes every process's rows,
+    processes in order; dtypes are kept. The values travel as one float64 array, exact for
+    booleans, float32 and float64, and integers below 2**53."""
+    arrays = {name: np.asarray(x) for name, x in arrays.items()}
+    if not multiprocess():
+        return arrays
+    rows = next(iter(arrays.values())).shape[0]
+    packed = np.concatenate([x.reshape(rows, -1).astype(np.float64) for x in arrays.values()], 1)
+    every = allgather(packed)  # [P, rows, columns]
+    out, at = {}, 0
+    for name, x in arrays.items():
+        columns = int(np.prod(x.shape[1:], dtype=np.int64))
+        part = every[:, :, at:at + columns].astype(x.dtype)
+        out[name] = part.reshape(-1, *x.shape[1:])
+        at += columns
+    return out
 
 
 def allgather_json(obj: Any) -> list[Any]:

@@ -29,13 +29,14 @@ import jax.numpy as jnp
 from ml_collections import ConfigDict
 
 from ragen_jax.config import run_folder
-from ragen_jax.models.qwen import ATTENTION_IMPLS, REMAT_POLICIES
+from ragen_jax.models.attention import ATTENTION_IMPLS
+from ragen_jax.models.qwen_config import REMAT_POLICIES
 from ragen_jax.rollout.agent import RolloutConfig
 from ragen_jax.starpo.estimators import ESTIMATORS, NEEDS_CRITIC, AdvantageSettings
 from ragen_jax.starpo.filtering import FilterConfig
 from ragen_jax.starpo.normalization import GROUPINGS, METHODS, PRESETS
-from ragen_jax.starpo.step import SAMPLE_UNITS, StepSettings
-from ragen_jax.starpo.update import UpdateConfig
+from ragen_jax.starpo.optimizer_step import UpdateConfig
+from ragen_jax.starpo.update import SAMPLE_UNITS, StepSettings
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # a dtype's name -> JAX dtype
 COMPUTE_DTYPES = ("auto", *DTYPES)  # model.dtype's values (auto: compute_dtype decides)

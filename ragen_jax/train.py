@@ -3,7 +3,7 @@
 A training step: play the step's env groups with the current policy (rollout), keep the
 groups whose rewards carry signal (StarPO-S / SNR filtering), build the update's rows, and
 run the jitted update (old log-probs, reference, values, advantages, critic and actor
-epochs: ``starpo.step``). Every ``test_freq`` steps validation on the fixed seeds, every
+epochs: ``starpo.update``). Every ``test_freq`` steps validation on the fixed seeds, every
 ``save_freq`` steps an orbax checkpoint.
 
 Reproducibility: everything random is a function of ``(seed, step)`` (env seeds, sampling,
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
 import signal
@@ -49,9 +48,10 @@ from ragen_jax.envs import make
 from ragen_jax.host_memory import return_large_frees_to_os
 from ragen_jax.metrics import MetricsLogger, device_memory, make_sinks
 from ragen_jax.models import compute_copy, hf_folder
+from ragen_jax.policy import build_actor, build_state, load_tokenizer, stop_ids
 from ragen_jax.progress import Phase
-from ragen_jax.rollout.agent import AgentRollout, RolloutBatch, RolloutConfig
-from ragen_jax.rollout.batch import padding_fraction
+from ragen_jax.rollout.agent import AgentRollout
+from ragen_jax.rollout.batch import RolloutBatch, padding_fraction
 from ragen_jax.rollout.mix import (
     EnvSlot,
     collect_train,
@@ -74,24 +74,15 @@ from ragen_jax.sharding import make_mesh
 from ragen_jax.starpo import gradient_analysis
 from ragen_jax.starpo.filtering import ENTROPY_METRICS, filter_groups, trajectory_entropies
 from ragen_jax.starpo.normalization import normalize_batch
-from ragen_jax.starpo.rows import build_step_batch, calibrate_widths
-from ragen_jax.starpo.step import make_update
-from ragen_jax.train_state import build_actor, build_state, load_tokenizer, stop_ids, trained
+from ragen_jax.starpo.rows import RowSettings, build_step_batch, calibrate_widths, gather_episodes
+from ragen_jax.starpo.update import make_update
 from ragen_jax.viewer import render_html
+from ragen_jax.warmstart import WarmStart
 
 # Rollout metrics that count (summed over processes); the others are per-episode means.
 ROLLOUT_COUNTS = tuple(f"rollout/{k}" for k in (
     "num_trajectories", "num_groups", "tokens", "sampled_tokens", "length_truncated",
     "truncated", "unplaced_scores", "env_errors", "redrawn_levels", "prompt_tokens", "prefill_tokens"))
-
-# Rollout fields that change no warm-start data (its scripted episodes play levels of their own,
-# in groups of their own size, and RL's windows, batches and validation are not theirs): the
-# warm-start's cache key takes them at RolloutConfig's defaults, so runs that differ only in
-# them share the prior. tests/test_sft.py checks the data is the same. (Which levels validation
-# holds out does change the data: the key takes the held-out level ids themselves.)
-_PRIOR_FREE_ROLLOUT = {name: getattr(RolloutConfig(), name) for name in (
-    "context_window", "window_turns", "use_turn_scores", "env_groups", "group_size",
-    "val_groups", "val_group_size", "val_temperature")}
 
 
 class Trainer:
@@ -107,8 +98,6 @@ class Trainer:
         self.is_main = jax.process_index() == 0
         self.out = self.plan.output_dir
         self.mesh = make_mesh((run.mesh.data, run.mesh.fsdp, run.mesh.tensor))
-        # Sorting rows by length inside the update would move them between devices.
-        self.long_rows_apart = run.actor.long_rows_apart and self.mesh.size == 1
         warning = micro_batch_warning(self.plan.step, self.mesh.shape["data"] * self.mesh.shape["fsdp"])
         if warning and self.is_main:
             print(warning, flush=True)
@@ -144,6 +133,12 @@ class Trainer:
         self.marks = HighWater()
         self.sampler.marks = self.marks
         self.update_multiple = update_multiple(run.actor.pad_multiple, run.rollout.max_model_len)
+        self.row_settings = RowSettings(
+            mini_batch_size=run.actor.ppo_mini_batch_size, pad_multiple=self.update_multiple,
+            share_prefixes=run.actor.share_prefix, sample_unit=run.algorithm.sample_unit,
+            micro_batches=run.actor.micro_batches,
+            # Sorting rows by length inside the update would move them between devices.
+            long_rows_apart=run.actor.long_rows_apart and self.mesh.size == 1)
         self._init_state()
         # RAGEN computes the collapse diagnostics in the full context window only; a windowed
         # run's first turn saw its transcript's first prompt, so its first-turn pairs are kept.
@@ -155,6 +150,9 @@ class Trainer:
                                        max_answer_len=run.rollout.response_length)
         self.monitor.marks = self.marks
         self.streaks = Streaks()
+        self.warm_start = WarmStart(run, self.plan.rollout, self.slots, self.tokenizer,
+                                    self.held_out, phase=self._phase, log=self.log,
+                                    is_main=self.is_main)
         self.warmstart_loaded_from: Path | None = None  # the cache folder, when it was read
         self.step = 0
         self._compiled: set[str] = set()  # phases that ran once in this process
@@ -169,7 +167,6 @@ class Trainer:
         """Rollout, filter, build the update's rows, update; returns the step's metrics."""
         timings: dict[str, float] = {}
         groups = self.run.rollout.env_groups
-        part = dist.share(groups, "rollout.env_groups")  # this process's groups
         with _timed(timings, "gen"):  # every env's groups, one batch (rollout.mix)
             batch = collect_train(self.slots, self.sampler, self.plan.rollout, self.step,
                                   self._key(0, self.step), share=dist.share)
@@ -180,48 +177,33 @@ class Trainer:
                 metrics |= self.monitor.measure(batch, self.policy, self.step)
         metrics = dist.mean_metrics(metrics, summed=ROLLOUT_COUNTS)
         metrics |= self._distinct_levels(batch, "train/")
-        # The padding of the whole batch (every process's rows) at the update's width: what
-        # mixing envs of different lengths costs.
-        metrics["rollout/pad_fraction"] = padding_fraction(
-            dist.allgather(batch.attention_mask.sum(1)).reshape(-1), self.update_multiple)
-
-        scores = dist.allgather(batch.scores).reshape(groups, -1)  # every process's groups
-        # Episodes an env error ended (a hang, a crash) say nothing about the policy: they
-        # leave the filter's statistics, the normalisation and the update (None: none failed,
-        # the exact arithmetic of a run without errors).
-        valid = dist.allgather(~batch.env_failed).reshape(groups, -1)
-        valid = None if valid.all() else valid
         entropies = None
         if self.run.filter.metric in ENTROPY_METRICS:  # one forward pass of the policy
             with _timed(timings, "filter_entropy"):
-                entropies = dist.allgather(trajectory_entropies(
+                entropies = trajectory_entropies(
                     self.policy, batch.input_ids, batch.attention_mask, batch.position_ids,
                     batch.loss_mask, self.plan.rollout.temperature,
-                    self.run.actor.ppo_mini_batch_size // self.run.actor.micro_batches))
-                entropies = entropies.reshape(groups, -1)
+                    self.run.actor.ppo_mini_batch_size // self.run.actor.micro_batches)
+        every = gather_episodes(batch, groups, entropies)  # every process's groups
+        # The padding of the whole batch (every process's rows) at the update's width: what
+        # mixing envs of different lengths costs.
+        metrics["rollout/pad_fraction"] = padding_fraction(every.lengths, self.update_multiple)
         keep, weights, filter_metrics = filter_groups(
-            scores, self.run.filter, dist.allgather(batch.loss_mask.sum(1)).reshape(groups, -1),
-            entropies, valid)
+            every.scores, self.run.filter, every.sampled, every.entropies, every.valid)
         metrics |= {k: float(v) for k, v in filter_metrics.items()}
         # The filter saw the raw scores; the estimators see the normalised ones (RAGEN), the
         # inductive grouping by each row's env (its slot index).
-        rows_here = slice(part.start * scores.shape[1], part.stop * scores.shape[1])
-        batch = normalize_batch(batch, scores, dist.allgather(batch.tag_ids).reshape(-1),
-                                rows_here, *self.plan.reward_norm, valid=valid)
+        batch = normalize_batch(batch, every.scores, every.tag_ids, every.here,
+                                *self.plan.reward_norm, valid=every.valid)
         analyse = diagnose and self.run.diagnostics.gradient_analysis
         buckets, bucket_std = np.zeros(groups, np.int32), None
         if analyse:
             buckets, bucket_std = gradient_analysis.reward_std_buckets(
-                scores, self.run.diagnostics.gradient_buckets)
+                every.scores, self.run.diagnostics.gradient_buckets)
         rows = build_step_batch(
-            batch, np.asarray(keep)[part], np.asarray(weights).reshape(groups, -1)[part].reshape(-1),
-            group_offset=part.start, mini_batch_size=self.run.actor.ppo_mini_batch_size,
-            pad_multiple=self.update_multiple, group_buckets=buckets, mesh=self.mesh,
+            batch, keep, weights, self.row_settings, group_buckets=buckets, mesh=self.mesh,
             rng=np.random.default_rng([self.run.seed, self.step, jax.process_index()]),
-            share_prefixes=self.run.actor.share_prefix,
-            sample_unit=self.run.algorithm.sample_unit,
-            micro_batches=self.run.actor.micro_batches, long_rows_apart=self.long_rows_apart,
-            valid=None if valid is None else valid[part].reshape(-1), marks=self.marks)
+            valid=every.valid, marks=self.marks)
         if rows is None:
             return metrics | {"train/update_skipped_empty": 1.0} | timings
 
@@ -249,7 +231,7 @@ class Trainer:
             key = jax.random.fold_in(key, p)
         return key
 
-    # -- validation, warm-start, checkpoints ---------------------------------------------------
+    # -- validation, warm start, checkpoints ---------------------------------------------------
 
     def validate(self) -> tuple[dict[str, float], RolloutBatch]:
         """Validation on the fixed seeds, every env's ``val_groups`` (``val-env/<tag>/...``);
@@ -274,129 +256,17 @@ class Trainer:
         return {f"{prefix}{tag}/distinct_levels": float(len(ids)) for tag, ids in seen.items()}
 
     def warmstart(self) -> dict[str, float]:
-        """The supervised stages before RL (SFT, then the warm-start), in place on the actor;
-        the step-0 state (optimizers, critic, reference) is rebuilt from the result. A tiny
-        model's warm-start is cached on disk (``warmstart.cache``): built once per
-        configuration, then loaded."""
-        from ragen_jax import sft
-
-        run, out = self.run, {}
-        fit = dict(seed=run.seed, trainable=trained(run.model))
-        if run.sft.steps:
-            data = sft.conversation_data(run.sft.data, self.tokenizer, max_len=run.rollout.max_model_len)
-            with self._phase("SFT on " + Path(run.sft.data).name, run.sft.steps,
-                             _STEPS_NOTE.format(run.sft.steps)) as phase:
-                losses = sft.train_sft(self.actor, data, steps=run.sft.steps, batch_size=run.sft.batch_size,
-                                       lr=run.sft.lr, progress=_loss_progress(phase), **fit)
-            out["sft/loss_first"], out["sft/loss_last"] = losses[0], losses[-1]
-        w = run.warmstart
-        if w.steps or w.turn_steps:
-            seed = w.seed_for(run.seed)
-            tiny = not run.model.path and not run.model.lora_rank and not run.sft.steps
-            if tiny and seed != run.seed:
-                self.actor = build_actor(run.model, seed, self.mesh)
-            folder = self._warmstart_folder(seed) if tiny and w.cache else None
-            meta = sft.load_params(self.actor, folder) if folder else None
-            self.warmstart_loaded_from = folder if meta is not None else None
-            if meta is not None:
-                self.log(f"warm-start loaded from {folder}")
-                out |= meta  # the metrics of the build, so a run's step 0 reads the same
-            else:
-                if folder is not None:
-                    self.log(f"building the warm-start prior (once for this config, then cached "
-                             f"under {folder.parent})")
-                out |= self._warmstart_sft(w, seed, fit | {"seed": seed})
-                if folder is not None and self.is_main:
-                    sft.save_params(self.actor, folder, out)
-                    self.log(f"warm-start saved to {folder}")
+        """The supervised stages before RL (``warmstart.WarmStart``), in place on the actor;
+        the step-0 state (optimizers, critic, reference) is rebuilt from the result."""
+        self.actor, metrics, self.warmstart_loaded_from = self.warm_start(self.actor, self.mesh)
         self.restart_from_actor()
-        return out
+        return metrics
 
     def restart_from_actor(self) -> None:
         """Rebuilds the step-0 state (optimizers, critic, reference) from the actor as it is
         now, after training it outside the RL loop, and points the sampler at it."""
         self._init_state()
         self._refresh_policy()
-
-    def _warmstart_folder(self, seed: int) -> Path:
-        """Where this configuration's warm-started tiny model is cached."""
-        from ragen_jax import sft
-
-        run = self.run
-        warmstart = dataclasses.asdict(run.warmstart) | {"seed": seed}
-        unset = {"turn_solver_share": run.warmstart.turn_share == run.warmstart.solver_share,
-                 "turn_system_prompt": not run.warmstart.turn_system_prompt,
-                 "turn_episodes": run.warmstart.turn_episodes == 0}
-        for name, is_unset in unset.items():  # fields added later: unset, the key stays as before
-            if is_unset:
-                warmstart.pop(name)
-        rollout = dataclasses.replace(self.plan.rollout, **_PRIOR_FREE_ROLLOUT)
-        context = repr(rollout)
-        if not rollout.system_template:  # likewise a rollout field added later
-            context = context.replace("system_template='', ", "")
-        if not rollout.stop_strings:  # likewise (on, it cuts the scripted answers: keyed)
-            context = context.replace("stop_strings=(), ", "")
-        # How the sampler holds a group's prompt changes no sample: not part of the key.
-        context = context.replace(f"group_prefix={rollout.group_prefix}, ", "")
-        key = sft.cache_key(model=dataclasses.asdict(run.model), env=dataclasses.asdict(run.env),
-                            context=context, warmstart=warmstart,
-                            vocab=sorted(self.tokenizer.get_vocab().items()),
-                            held_out=hashlib.sha256(np.sort(self.held_out).tobytes()).hexdigest())
-        name = "mixed" if run.env.mix else run.env.name
-        return sft.cache_dir() / f"warmstart-{name}-{key}"
-
-    def _warmstart_sft(self, w: Any, seed: int, fit: dict[str, Any]) -> dict[str, float]:
-        """The warm-start on the run's training envs: with several (``env.mix``), each
-        generates its share of ``warmstart.episodes`` in proportion to its groups, and the
-        model trains on the mixture (``sft.concat_data``)."""
-        from ragen_jax.sft import concat_data, shared_prefix_batches, train_sft, warmstart_data
-
-        slots = [s for s in self.slots if s.groups]
-        total = sum(s.groups for s in slots)
-        parts, stats, turns = [], [], []
-        episodes = w.episodes + (w.turn_episodes if w.own_turn_data else 0)
-        data_phase = self._phase("warm-start data", None,
-                                 f"playing ~{episodes} scripted episodes")
-        for slot in slots:
-            share = lambda n, groups=slot.groups: max(1, round(n * groups / total))  # noqa: E731  (this env's part of n episodes)
-            stats.append({})
-            turns.append({} if w.turn_steps else None)
-            data = dict(env=slot.rollout.env, env_params=slot.rollout.env_params, tokenizer=self.tokenizer,
-                        config=slot.rollout.config, seed=seed, legal_only=w.legal_actions,
-                        episodes=share(w.episodes), held_out=self.held_out)
-            parts.append(warmstart_data(**data, solver_share=w.solver_share, metrics=stats[-1],
-                                        observation_rows=None if w.own_turn_data else turns[-1]))
-            if w.own_turn_data:  # the single-turn rows' own episodes and form
-                own = {"seed": seed + 1} | ({"episodes": share(w.turn_episodes), "group_size": 1}
-                                            if w.turn_episodes else {})
-                warmstart_data(**data | own, solver_share=w.turn_share,
-                               observation_rows=turns[-1], system_rows=w.turn_system_prompt)
-                if w.turn_system_prompt:
-                    turns[-1] |= shared_prefix_batches(turns[-1], w.turn_batch_size, seed)
-        data_phase.close()
-        rows = np.array([p["input_ids"].shape[0] for p in parts], np.float64)
-        out = {}
-        for name, key in (("action_is_effective", "action_is_effective"), ("data_success", "success")):
-            values = np.array([st[key] for st in stats])
-            # Several envs: each one's, and the mean over all their episodes.
-            out[f"warmstart/{name}"] = float(values[0] if len(slots) == 1 else values @ rows / rows.sum())
-            if len(slots) > 1:
-                out |= {f"warmstart/{slot.tag}/{name}": float(v) for slot, v in zip(slots, values, strict=True)}
-        pad_id = self.tokenizer.pad_token_id or 0
-        if w.turn_steps:  # single-turn observation rows first (sft.turn_observation_rows)
-            with self._phase("warm-start, single turns", w.turn_steps,
-                             _STEPS_NOTE.format(w.turn_steps)) as phase:
-                losses = train_sft(self.actor, concat_data(turns, pad_id=pad_id), steps=w.turn_steps,
-                                   batch_size=w.turn_batch_size, lr=w.lr,
-                                   progress=_loss_progress(phase), **fit)
-            out |= {"warmstart/turn_loss_first": losses[0], "warmstart/turn_loss_last": losses[-1]}
-        if w.steps:
-            with self._phase("warm-start", w.steps, _STEPS_NOTE.format(w.steps)) as phase:
-                losses = train_sft(self.actor, concat_data(parts, pad_id=pad_id), steps=w.steps,
-                                   batch_size=w.batch_size, lr=w.lr,
-                                   progress=_loss_progress(phase), **fit)
-            out |= {"warmstart/loss_first": losses[0], "warmstart/loss_last": losses[-1]}
-        return out
 
     def _phase(self, what: str, total: int | None, start_note: str = "", *,
                lines: bool = True) -> Phase:
@@ -482,8 +352,7 @@ class Trainer:
             val_metrics, batch = self.validate()
         if self.run.algorithm.sample_unit == "trajectory":  # (turn rows have widths of their own)
             trained = [i for i, slot in enumerate(self.slots) if slot.groups]
-            calibrate_widths(self.marks, batch, np.isin(batch.tag_ids, trained),
-                             self.update_multiple, self.run.actor.share_prefix)
+            calibrate_widths(self.marks, batch, np.isin(batch.tag_ids, trained), self.row_settings)
         metrics |= val_metrics
         self.log(_val_line(self.step, val_metrics))
         if self.is_main and self.run.trainer.save_trajectories:
@@ -640,14 +509,6 @@ def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
     t0 = time.perf_counter()
     yield
     timings[f"timing_s/{name}"] = time.perf_counter() - t0
-
-
-_STEPS_NOTE = "{} supervised steps (the first one compiles)"
-
-
-def _loss_progress(phase: Phase) -> Callable[[int, float], None]:
-    """``train_sft``'s ``progress`` callback: each step's loss on ``phase``."""
-    return lambda done, loss: phase.update(done, f"loss {loss:.4f}")
 
 
 def _val_line(step: int, vm: dict[str, float]) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ragen_jax import sft
+from ragen_jax import warmstart
 from ragen_jax.config import load_config
 from ragen_jax.rollout.agent import AgentRollout, train_seeds
 from ragen_jax.rollout.env_driver import row_state
@@ -55,7 +55,7 @@ def test_prior_data_and_training_stream_hold_out_every_validation_level(config, 
         return batch
 
     monkeypatch.setattr(AgentRollout, "collect", spy)
-    monkeypatch.setattr(sft, "train_sft", lambda *a, **k: [0.0])  # the data is what is checked
+    monkeypatch.setattr(warmstart, "train_sft", lambda *a, **k: [0.0])  # the data is what is checked
     trainer = Trainer(run)
     trainer.warmstart()
     monkeypatch.setattr(AgentRollout, "collect", collect)

@@ -27,7 +27,7 @@ from ragen_jax.schema import (
     resolve,
     to_config_dict,
 )
-from ragen_jax.starpo.update import UpdateConfig
+from ragen_jax.starpo.optimizer_step import UpdateConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -345,7 +345,7 @@ def test_auto_compute_dtype_is_float32_on_xla_cpu_only():
     assert dtype == "bfloat16" and "model.dtype=auto takes float32 on XLA:CPU" in line
     assert "\n" not in line
     # The backend this test runs on (the CPU) builds an auto model in float32.
-    from ragen_jax.train_state import tiny_config
+    from ragen_jax.policy import tiny_config
 
     assert tiny_config(ModelConfig(dtype="auto", hidden_size=64)).dtype == jnp.float32
 
@@ -450,9 +450,10 @@ def test_max_model_len_within_the_model_folders_positions(tmp_path):
     """A folder model reads at most ``max_position_embeddings`` positions (its config.json)."""
     from ragen_jax.budget import check_run
     from ragen_jax.models import QwenConfig
+    from ragen_jax.models.hf_convert import config_to_hf
 
     arch = QwenConfig.tiny(max_position_embeddings=2048)
-    (tmp_path / "config.json").write_text(json.dumps(arch.to_hf_dict()))
+    (tmp_path / "config.json").write_text(json.dumps(config_to_hf(arch)))
     c = _with(model__path=str(tmp_path), rollout__max_model_len=4096)
     with pytest.raises(ConfigError, match=rf"^rollout\.max_model_len=4096 exceeds the model's "
                                           rf"max_position_embeddings=2048 \({tmp_path}/config\.json\)$"):
@@ -467,7 +468,7 @@ def test_parameter_counts_match_the_built_models():
     from flax import nnx
 
     from ragen_jax.budget import parameters
-    from ragen_jax.train_state import build_actor, tiny_config
+    from ragen_jax.policy import build_actor, tiny_config
 
     for model in (ModelConfig(), ModelConfig(hidden_size=64, num_hidden_layers=2, intermediate_size=96),
                   ModelConfig(lora_rank=4)):

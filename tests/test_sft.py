@@ -13,7 +13,8 @@ from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
 from ragen_jax.models import tokenizer as tokenizers
 from ragen_jax.rollout.agent import RolloutConfig
 from ragen_jax.rollout.context import parse_response
-from ragen_jax.sft import conversation_data, shared_prefix_batches, train_sft, warmstart_data
+from ragen_jax.sft import conversation_data, train_sft
+from ragen_jax.warmstart import shared_prefix_batches, warmstart_data
 
 
 @pytest.fixture(scope="module")

@@ -297,10 +297,10 @@ def test_a_failed_save_names_the_step_and_the_rerun_resumes_from_the_last_comple
 def test_signal_during_warm_start_exits_at_once_with_nothing_saved(tmp_path, monkeypatch, capfd):
     """Before the first step there is no step to finish: a SIGTERM in the warm start (a prior
     build may take many minutes) stops the run there, and the rerun starts over."""
-    from ragen_jax import sft
+    from ragen_jax import warmstart
 
     steps_run = []
-    train_sft = sft.train_sft
+    train_sft = warmstart.train_sft
 
     def interrupted(*args, progress=None, **kw):
         def on_step(done, loss):
@@ -311,7 +311,7 @@ def test_signal_during_warm_start_exits_at_once_with_nothing_saved(tmp_path, mon
                 progress(done, loss)
         return train_sft(*args, progress=on_step, **kw)
 
-    monkeypatch.setattr(sft, "train_sft", interrupted)
+    monkeypatch.setattr(warmstart, "train_sft", interrupted)
     monkeypatch.setenv("RAGEN_JAX_CACHE", str(tmp_path / "cache"))  # build it: no cached prior
     handler = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as stopped:
@@ -449,9 +449,9 @@ def test_export_loads_in_transformers_with_the_same_greedy_actions(reference_run
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ragen_jax.export import export
+    from ragen_jax.policy import load_policy
     from ragen_jax.rollout.context import ChatFormat, ContextConfig
     from ragen_jax.rollout.sampler import Sampler, SamplingParams
-    from ragen_jax.train_state import load_policy
 
     run_dir, _ = reference_run
     hf_dir = export(run_dir, tmp_path / "hf")
@@ -485,12 +485,12 @@ def test_export_restores_the_actor_without_envs_or_optimizers(env, reference_run
 
     import ragen_jax.envs.registry
     import ragen_jax.rollout.sampler
-    import ragen_jax.starpo.step
+    import ragen_jax.starpo.optimizer_step
     import ragen_jax.starpo.update
     import ragen_jax.train
     from ragen_jax.export import main as export_main
     from ragen_jax.models import from_pretrained
-    from ragen_jax.train_state import load_policy
+    from ragen_jax.policy import load_policy
 
     if env == "bandit":
         run_dir = reference_run[0]
@@ -504,8 +504,8 @@ def test_export_restores_the_actor_without_envs_or_optimizers(env, reference_run
         raise AssertionError("export built an env, a sampler or an optimizer")
 
     for module, name in ((ragen_jax.envs.registry, "make"), (ragen_jax.train, "build_envs"),
+                         (ragen_jax.starpo.optimizer_step, "make_optimizer"),
                          (ragen_jax.starpo.update, "make_optimizer"),
-                         (ragen_jax.starpo.step, "make_optimizer"),
                          (ragen_jax.rollout.sampler.Sampler, "__init__")):
         monkeypatch.setattr(module, name, forbidden)
     out = export_main(["--checkpoint", str(run_dir), "--out", str(tmp_path / "hf")])
@@ -617,13 +617,13 @@ def test_warmstart_is_cached_by_its_inputs(tmp_path, monkeypatch):
     # Another run of the same prior (another run seed, the warm-start's pinned) loads it.
     again = Trainer(micro_config(tmp_path / "b", extra=("--config.seed=3", "--config.warmstart.seed=0")))
     assert again.warmstart() == built  # the build's metrics, so step 0 logs the same
-    assert again.warmstart_loaded_from == first._warmstart_folder(0)
+    assert again.warmstart_loaded_from == first.warm_start.folder(0)
     chex.assert_trees_all_equal(params(first), params(again))
     # Changing what makes it builds another; a broken copy is rebuilt, not read.
     other = Trainer(micro_config(tmp_path / "c", extra=("--config.warmstart.lr=5e-3",)))
     other.warmstart()
     assert other.warmstart_loaded_from is None and len(list(cache.iterdir())) == 2
-    (first._warmstart_folder(0) / "params.safetensors").write_bytes(b"broken")
+    (first.warm_start.folder(0) / "params.safetensors").write_bytes(b"broken")
     rebuilt = Trainer(micro_config(tmp_path / "d"))
     rebuilt.warmstart()
     assert rebuilt.warmstart_loaded_from is None
@@ -632,7 +632,7 @@ def test_warmstart_is_cached_by_its_inputs(tmp_path, monkeypatch):
     reread.warmstart()
     assert reread.warmstart_loaded_from is not None
     worded = Trainer(micro_config(tmp_path / "f", extra=("--config.rollout.system_template=Push. {actions}",)))
-    assert worded._warmstart_folder(0) != first._warmstart_folder(0)  # the prompt made it too
+    assert worded.warm_start.folder(0) != first.warm_start.folder(0)  # the prompt made it too
     # RL's context window and score placement change no warm-start data: the same prior.
     windowed = Trainer(micro_config(tmp_path / "g", extra=(
         "--config.rollout.context_window=limited", "--config.rollout.window_turns=1",
@@ -642,27 +642,27 @@ def test_warmstart_is_cached_by_its_inputs(tmp_path, monkeypatch):
     batches = Trainer(micro_config(tmp_path / "i", extra=(
         "--config.rollout.group_size=8", "--config.rollout.env_groups=3",
         "--config.rollout.val_groups=6", "--config.rollout.val_temperature=0.9")))
-    assert (windowed._warmstart_folder(0) == turn_scores._warmstart_folder(0)
-            == batches._warmstart_folder(0) == first._warmstart_folder(0))
+    assert (windowed.warm_start.folder(0) == turn_scores.warm_start.folder(0)
+            == batches.warm_start.folder(0) == first.warm_start.folder(0))
     longer = Trainer(micro_config(tmp_path / "j", extra=("--config.rollout.max_turn=3",)))
-    assert longer._warmstart_folder(0) != first._warmstart_folder(0)  # the episodes' length does
+    assert longer.warm_start.folder(0) != first.warm_start.folder(0)  # the episodes' length does
 
 
 def test_single_turn_rows_can_come_from_their_own_mixture(tmp_path, monkeypatch):
     """``warmstart.turn_solver_share``: the single-turn rows are cut from episodes of that
     share (another data seed), the whole-episode stage keeps ``solver_share``'s; unset, both
     stages read one data set. ``warmstart.turn_episodes``: that many rows' episodes, one per level."""
-    import ragen_jax.sft as sft
+    import ragen_jax.warmstart as warmstart
     from ragen_jax.train import Trainer
 
-    calls, sizes, real = [], [], sft.warmstart_data
+    calls, sizes, real = [], [], warmstart.warmstart_data
 
     def recording(*args, **kw):
         calls.append((kw["solver_share"], kw["seed"], kw.get("observation_rows") is not None))
         sizes.append((kw["episodes"], kw.get("group_size", 0)))
         return real(*args, **kw)
 
-    monkeypatch.setattr(sft, "warmstart_data", recording)
+    monkeypatch.setattr(warmstart, "warmstart_data", recording)
     env = ("--config.warmstart.turn_steps=2", "--config.warmstart.turn_batch_size=4")
     own = Trainer(micro_config(tmp_path / "a", env="frozenlake", extra=(
         *env, "--config.warmstart.solver_share=0.3", "--config.warmstart.turn_solver_share=1.0",

@@ -391,7 +391,7 @@ _RESOLVED: dict[tuple[str, int, int], Path] = {}  # this process's answers, so i
 
 def cache_root() -> Path:
     """Where converted folders are kept: ``$RAGEN_JAX_CACHE/gguf`` (the cache root
-    ``sft.cache_dir`` uses too), default ``~/.cache/ragen_jax/gguf``."""
+    ``warmstart.cache_dir`` uses too), default ``~/.cache/ragen_jax/gguf``."""
     return Path(os.environ.get("RAGEN_JAX_CACHE") or Path.home() / ".cache" / "ragen_jax") / "gguf"
 
 

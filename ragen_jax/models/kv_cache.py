@@ -1,6 +1,7 @@
 """The decoder's KV cache: per-layer keys and values in the layout decoding reads in place,
 with the slot bookkeeping the sampler and the trainer share (see ``models/qwen.py`` for the
-attention-mask semantics), and the rotary positions of a padded chunk."""
+attention-mask semantics), one layer's write into it, and the rotary positions of a padded
+chunk."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 if TYPE_CHECKING:
-    from ragen_jax.models.qwen import QwenConfig
+    from ragen_jax.models.qwen_config import QwenConfig
 
 
 @flax.struct.dataclass
@@ -115,6 +116,23 @@ class KVCache:
             v=jax.tree.map(pad_v, self.v),
             valid=jnp.pad(self.valid, ((0, 0), (0, extra))),
         )
+
+
+def write_cache(layer_cache: tuple, k: jax.Array, v: jax.Array, index: jax.Array
+                ) -> tuple[jax.Array, jax.Array, tuple]:
+    """Writes one layer's new keys k [B, K, D, T] and values v [B, K, T, D] at slot ``index``
+    of ``layer_cache = (k, v, layer)`` (see ``qwen.Qwen2Attention.decode``). Returns the layer's
+    keys [B, K, D, S] and values [B, K, S, D] to attend to, and the updated cache."""
+    ck, cv, layer = layer_cache
+    if layer is None:  # this layer's own cache [B, K, D, S], [B, K, S, D]
+        ck = k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, 0, 0, index))
+        cv = v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, index, 0))
+    else:  # the stacked cache [L, B, K, D, S], [L, B, K, S, D]
+        ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (layer, 0, 0, 0, index))
+        cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (layer, 0, 0, index, 0))
+        k = jax.lax.dynamic_index_in_dim(ck, layer, keepdims=False)  # [B, K, D, S]
+        v = jax.lax.dynamic_index_in_dim(cv, layer, keepdims=False)  # [B, K, S, D]
+    return k, v, (ck, cv, layer)
 
 
 def positions_from_mask(mask: jax.Array, start: jax.Array | None = None) -> jax.Array:

@@ -1,12 +1,9 @@
 """Hugging Face checkpoint folders (Qwen2/Qwen2.5, Llama, Qwen3) <-> the NNX model, both ways.
 
-Parameters keep the Hugging Face names and layouts (see ``qwen.py``); the decoder layers are
-stacked, so the safetensors key ``model.layers.3.mlp.up_proj.weight`` is row 3 of the NNX
-variable ``("model", "layers", "mlp", "up_proj", "weight")`` ``[L, F, E]``, and every other key
-is its NNX path joined by dots. Only safetensors are read (never pickle), through
-``safetensors.safe_open(..., framework="numpy")``, which reads each tensor out of a memory map
-one at a time; the host holds at most one stacked variable (all layers of one weight) while
-it is placed on the devices.
+The names on either side are ``hf_convert.py``'s. Only safetensors are read (never pickle),
+through ``safetensors.safe_open(..., framework="numpy")``, which reads each tensor out of a
+memory map one at a time; the host holds at most one stacked variable (all layers of one
+weight) while it is placed on the devices.
 """
 
 from __future__ import annotations
@@ -24,36 +21,23 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from ragen_jax.models.hf_convert import (
+    IGNORED_SUFFIXES,
+    checkpoint_keys,
+    config_from_hf,
+    config_to_hf,
+    is_stacked,
+)
 from ragen_jax.models.hf_folder import CheckpointError, describe_error, read_json
 from ragen_jax.models.placement import param_shardings
-from ragen_jax.models.qwen import MODEL_TYPES, Qwen2ForCausalLM, QwenConfig
-
-# Keys some hub checkpoints carry that the model does not need.
-_IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
-
-
-def _path_key(path) -> str:
-    return ".".join(str(p) for p in path)
-
-
-def _stacked(path) -> bool:
-    """Whether an NNX variable path is one of the stacked decoder layers' ``[L, ...]``."""
-    return tuple(path[:2]) == ("model", "layers")
-
-
-def _hf_keys(path, num_layers: int) -> list[str]:
-    """The checkpoint keys of one NNX variable: one per layer for the stacked decoder layers
-    (``model.layers.<i>.<rest>``), else its dotted path."""
-    if _stacked(path):
-        rest = _path_key(path[2:])
-        return [f"model.layers.{i}.{rest}" for i in range(num_layers)]
-    return [_path_key(path)]
+from ragen_jax.models.qwen import Qwen2ForCausalLM
+from ragen_jax.models.qwen_config import MODEL_TYPES, QwenConfig
 
 
 def load_config(path: str | os.PathLike, *, dtype=jnp.float32, param_dtype=None,
                 **options) -> QwenConfig:
-    """Reads ``config.json`` of a model folder (``qwen.MODEL_TYPES``) into a ``QwenConfig`` (``dtype``, ``param_dtype``
-    and ``options`` as in ``QwenConfig.from_hf_dict``)."""
+    """Reads ``config.json`` of a model folder (``qwen_config.MODEL_TYPES``) into a ``QwenConfig`` (``dtype``, ``param_dtype``
+    and ``options`` as in ``hf_convert.config_from_hf``)."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"model folder not found: {path}")
@@ -70,7 +54,7 @@ def load_config(path: str | os.PathLike, *, dtype=jnp.float32, param_dtype=None,
             f"supported: {supported}"
         )
     try:
-        return QwenConfig.from_hf_dict(d, dtype=dtype, param_dtype=param_dtype, **options)
+        return config_from_hf(d, dtype=dtype, param_dtype=param_dtype, **options)
     except (KeyError, ValueError) as e:
         raise CheckpointError(f"{cfg_file}: unsupported or incomplete config: {e}") from None
 
@@ -132,10 +116,10 @@ def from_pretrained(
     graphdef, state = nnx.split(abstract)
     flat = nnx.to_flat_state(state)
     n = config.num_hidden_layers
-    keys = {tuple(p): _hf_keys(p, n) for p, _ in flat}
+    keys = {tuple(p): checkpoint_keys(p, n) for p, _ in flat}
     expected = {k: var for p, var in flat for k in keys[tuple(p)]}
 
-    present = {k for k in files if not k.endswith(_IGNORED_SUFFIXES)}
+    present = {k for k in files if not k.endswith(IGNORED_SUFFIXES)}
     if config.tie_word_embeddings:
         present.discard("lm_head.weight")  # some tied checkpoints still store it
     missing = sorted(set(expected) - present)
@@ -167,7 +151,7 @@ def from_pretrained(
         for p, var in flat:
             p = tuple(p)
             names = keys[p]
-            if not _stacked(p):
+            if not is_stacked(p):
                 arr = read(names[0], var.shape)
             else:  # the layers into one host array
                 arr = np.empty(var.shape, jnp.dtype(config.param_dtype))
@@ -210,10 +194,10 @@ def save_pretrained(model: Qwen2ForCausalLM, path: str | os.PathLike, *, dtype=N
     tensors = {}
     for p, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         array = np.asarray(jax.device_get(var[...].astype(config.param_dtype)))
-        names = _hf_keys(p, config.num_hidden_layers)
-        if not _stacked(p):
+        names = checkpoint_keys(p, config.num_hidden_layers)
+        if not is_stacked(p):
             tensors[names[0]] = np.ascontiguousarray(array)
         else:
             tensors.update((k, np.ascontiguousarray(array[i])) for i, k in enumerate(names))
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-    (path / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2) + "\n")
+    (path / "config.json").write_text(json.dumps(config_to_hf(config), indent=2) + "\n")

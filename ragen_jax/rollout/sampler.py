@@ -458,60 +458,90 @@ class Sampler:
         turn's rows attend to in place (``KVCache.with_group_prefix``).
         """
         del env_states
-        tokens, valid = pad_prompts(prompts, mask, bucket=bucket, pad_id=self.pad_id,
-                                    min_bucket=self.min_bucket, multiple=self.bucket_multiple)
-        if self.marks is not None and bucket is None:
-            site = "prompt/first" if cache is None else "prompt/next"
-            extra = self.marks.fit(site, tokens.shape[1]) - tokens.shape[1]
-            if extra:  # left padding, like the rest of the bucket
-                tokens = np.pad(tokens, ((0, 0), (extra, 0)), constant_values=self.pad_id)
-                valid = np.pad(valid, ((0, 0), (extra, 0)))
-        b, p = tokens.shape
-        n = params.max_new_tokens
+        tokens, valid = self._bucketed(prompts, mask, bucket, first=cache is None)
+        b, n = tokens.shape[0], params.max_new_tokens
         act = np.ones((b,), bool) if active is None else np.asarray(active, bool)
         if np.any(act & ~valid.any(axis=1)):
             raise ValueError("every active sequence needs at least one real prompt token")
         expand, grouped = None, False
         if cache is None:
-            block = prompt_blocks(tokens, valid) if self.share_prompts and act.all() else 1
-            if block > 1:
-                # Groups of ``block`` rows that share a prompt (a rollout's first turn): one
-                # prompt per group, even where two groups drew the same one, so the program
-                # does not depend on which levels a batch happened to repeat.
-                expand = np.repeat(np.arange(b // block, dtype=np.int32), block)
-                tokens, valid = tokens[::block], valid[::block]
-            elif self.share_prompts:
-                tokens, valid, expand = distinct_rows(tokens, valid)
-            grouped = self.group_prefix and expand is not None and np.array_equal(
-                expand, np.repeat(np.arange(tokens.shape[0]), b // tokens.shape[0]))
-            if expand is not None and not grouped:
-                # How many prompts are distinct varies from call to call (a window's fresh
-                # prompts, envs that moved alike): prefill a power-of-two count of them, so
-                # that each count does not compile a program of its own.
-                rows = min(b, bucket_length(tokens.shape[0], minimum=1))
-                tokens, valid = pad_rows(tokens, rows), pad_rows(valid, rows)
-            size = p if grouped else p + n  # a group prefix: its rows' own slots hold the rest
+            tokens, valid, expand, grouped = self._shared_prompts(tokens, valid, act)
+            # A group prefix: its rows' own slots hold the rest.
+            size = tokens.shape[1] + (0 if grouped else n)
             cache = _empty_cache(self.config, tokens.shape[0], size)
         else:
-            if cache.batch != b:
-                raise ValueError(f"cache batch {cache.batch} != prompt batch {b}")
-            need = int(cache.index) + p + n  # one host read, outside the decode loop
-            if need > cache.size:
-                cache = _grown(cache, max(bucket_length(need, multiple=self.cache_multiple),
-                                          self.episode_slots or 0))
-        stop = np.asarray(stop_tokens, np.int32)
-        if stop.ndim <= 1:  # shared stop list -> one row per sequence
-            stop = np.broadcast_to(stop.reshape(1, -1), (b, stop.size))
-        if stop.shape[1] == 0:
-            stop = np.full((b, 1), -1, np.int32)  # -1 never matches a token
+            cache = self._with_room(cache, b, tokens.shape[1] + n)
         budget = np.full((b,), n, np.int32) if max_new is None else np.minimum(
             np.asarray(max_new, np.int32), n)
         run = generate_jit(expand is not None, self.options)
         # Host arrays go to the jitted call as they are (its C++ path moves them).
         table = None if stop_strings is None else stop_strings.device_table(self.config.vocab_size)
-        return run(self.graph, self.state, cache, tokens, valid, stop, budget, act, key, expand,
-                   table, sp=params, pad_id=self.pad_id, group_prefix=bool(grouped),
-                   prefill_tokens=self.prefill_tokens)
+        return run(self.graph, self.state, cache, tokens, valid, stop_rows(stop_tokens, b),
+                   budget, act, key, expand, table, sp=params, pad_id=self.pad_id,
+                   group_prefix=bool(grouped), prefill_tokens=self.prefill_tokens)
+
+    def _bucketed(self, prompts, mask, bucket: int | None, *, first: bool
+                  ) -> tuple[np.ndarray, np.ndarray]:
+        """The prompts left-padded to their bucket (``pad_prompts``), and to the widest bucket
+        this kind of call (``first`` turn or continuation) has had, with ``marks``."""
+        tokens, valid = pad_prompts(prompts, mask, bucket=bucket, pad_id=self.pad_id,
+                                    min_bucket=self.min_bucket, multiple=self.bucket_multiple)
+        if self.marks is not None and bucket is None:
+            site = "prompt/first" if first else "prompt/next"
+            extra = self.marks.fit(site, tokens.shape[1]) - tokens.shape[1]
+            if extra:  # left padding, like the rest of the bucket
+                tokens = np.pad(tokens, ((0, 0), (extra, 0)), constant_values=self.pad_id)
+                valid = np.pad(valid, ((0, 0), (extra, 0)))
+        return tokens, valid
+
+    def _shared_prompts(self, tokens: np.ndarray, valid: np.ndarray, active: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, bool]:
+        """A first turn's prompts to prefill, each once (``share_prompts``): ``(tokens,
+        valid, expand, grouped)``, ``expand [B]`` the prefilled prompt of each row (None:
+        every row its own), ``grouped`` whether the rows are groups of equal size with one
+        prompt each, held once as a group prefix (``group_prefix``)."""
+        b, expand = tokens.shape[0], None
+        block = prompt_blocks(tokens, valid) if self.share_prompts and active.all() else 1
+        if block > 1:
+            # Groups of ``block`` rows that share a prompt (a rollout's first turn): one
+            # prompt per group, even where two groups drew the same one, so the program
+            # does not depend on which levels a batch happened to repeat.
+            expand = np.repeat(np.arange(b // block, dtype=np.int32), block)
+            tokens, valid = tokens[::block], valid[::block]
+        elif self.share_prompts:
+            tokens, valid, expand = distinct_rows(tokens, valid)
+        grouped = self.group_prefix and expand is not None and np.array_equal(
+            expand, np.repeat(np.arange(tokens.shape[0]), b // tokens.shape[0]))
+        if expand is not None and not grouped:
+            # How many prompts are distinct varies from call to call (a window's fresh
+            # prompts, envs that moved alike): prefill a power-of-two count of them, so
+            # that each count does not compile a program of its own.
+            rows = min(b, bucket_length(tokens.shape[0], minimum=1))
+            tokens, valid = pad_rows(tokens, rows), pad_rows(valid, rows)
+        return tokens, valid, expand, bool(grouped)
+
+    def _with_room(self, cache: KVCache, batch: int, tokens: int) -> KVCache:
+        """``cache``, grown when its free slots cannot hold ``tokens`` more (the chunk and
+        the new tokens): to ``episode_slots`` at least, else the next power of two (or
+        multiple of ``cache_multiple``)."""
+        if cache.batch != batch:
+            raise ValueError(f"cache batch {cache.batch} != prompt batch {batch}")
+        need = int(cache.index) + tokens  # one host read, outside the decode loop
+        if need > cache.size:
+            cache = _grown(cache, max(bucket_length(need, multiple=self.cache_multiple),
+                                      self.episode_slots or 0))
+        return cache
+
+
+def stop_rows(stop_tokens: Sequence[int] | np.ndarray, batch: int) -> np.ndarray:
+    """The stop ids as ``[batch, K]`` rows (a shared list repeated; -1, which never matches a
+    token, when there are none)."""
+    stop = np.asarray(stop_tokens, np.int32)
+    if stop.ndim <= 1:  # shared stop list -> one row per sequence
+        stop = np.broadcast_to(stop.reshape(1, -1), (batch, stop.size))
+    if stop.shape[1] == 0:
+        stop = np.full((batch, 1), -1, np.int32)
+    return stop
 
 
 def episode_slots(rollout) -> int:

@@ -4,7 +4,7 @@
 exactly like a model: its answers go through the same chat format, parsing, env steps and
 batch assembly. It drives the warm-starts (``RandomActionPolicy``, answering with random
 valid or legal actions, and ``SolverMixturePolicy``, mixing in the env's optimal moves; see
-``sft.warmstart_data``) and the rollout tests (chosen token streams).
+``warmstart.warmstart_data``) and the rollout tests (chosen token streams).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from ragen_jax.rollout.agent import env_functions, row_state
 from ragen_jax.rollout.context import ChatFormat, ContextConfig
+from ragen_jax.rollout.env_driver import env_functions, row_state
 from ragen_jax.rollout.sampler import SampleOutput, SamplingParams, pad_prompts
 from ragen_jax.rollout.stop_strings import StopAutomaton
 

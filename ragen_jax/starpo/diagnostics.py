@@ -127,7 +127,7 @@ def _pair_scores(model, cache, first_logp, x_len, column, z_ids, z_real):
     pair_cache = cache.take(column)
     start = x_len[column]  # [R] the first position of z
     positions = start[:, None] + jnp.arange(z_ids.shape[1], dtype=jnp.int32)[None]  # [R, Lz]
-    hidden, _ = model.model(z_ids, positions, z_real, pair_cache)  # [R, Lz, E]
+    hidden, _ = model.model.decode(z_ids, positions, z_real, pair_cache)  # [R, Lz, E]
     first = jnp.take_along_axis(first_logp[column], z_ids[:, :1], axis=1)[:, 0]  # [R]
     rest, _ = target_logprobs(model, hidden[:, :-1], z_ids[:, 1:], mask=z_real[:, 1:])  # [R, Lz-1]
     return jnp.where(z_real[:, 0], first, 0.0) + jnp.sum(rest, axis=1)

@@ -1,30 +1,126 @@
-"""From a rollout batch and the filter's decision to the update's ``StepBatch``.
+"""One iteration's data path, from the rollout to the update's ``StepBatch``.
 
-``build_step_batch`` is the one place where rows are chosen (the kept groups, padded by
-copies of kept rows to a multiple of the mini-batch size and the data-parallel device count,
-RAGEN's ``batch_adjust_mode=copy``), balanced across processes (each feeds the same number of
-rows), cut to a common width, and placed on the mesh as global arrays.
+Read top to bottom, an iteration (``Trainer.train_step``) is:
+
+1. ``gather_episodes``: every process's per-episode values (scores, which episodes count,
+   lengths, env tags, entropies), in one exchange: the filter and the reward normalisation
+   decide for every group of the step at once.
+2. The filter (``starpo.filtering``) and the normalisation (``starpo.normalization``).
+3. ``build_step_batch``, in named phases: ``_this_process`` (this process's share of the
+   filter's decision, and its rows: trajectories or turns), ``_choose`` (the kept rows, then
+   one exchange, ``_agree``, of every process's row count and widths: they depend on which
+   rows were kept; ``_fit_widths``), ``_pad_rows`` (copies of kept rows up to a common count, RAGEN's
+   ``batch_adjust_mode=copy``), ``_cut_tokens`` (the rows at the common width),
+   ``_share_prefixes`` and ``_place`` (every process's prefix and episode tables, and its
+   rows as its shard of global arrays).
 
 A row is a trajectory (``sample_unit="trajectory"``: the rollout's transcript rows) or a
 turn (``"turn"``: ``RolloutBatch.turn_samples()``, each turn's prompt then its answer, with
 every episode's score and group replicated beside them for the episode-level advantages of
-``starpo.step``). Filtering keeps or drops whole groups either way.
+``starpo.update``). Filtering keeps or drops whole groups either way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 from jax.sharding import Mesh
 
 from ragen_jax import distributed as dist
-from ragen_jax.rollout.agent import RolloutBatch
+from ragen_jax.rollout.batch import RolloutBatch
 from ragen_jax.rollout.sampler import bucket_length
 from ragen_jax.shapes import HighWater
-from ragen_jax.starpo.step import SAMPLE_UNITS, Episodes, StepBatch
-from ragen_jax.starpo.update import Prefixes, interleave
+from ragen_jax.starpo.optimizer_step import Prefixes, interleave
+from ragen_jax.starpo.update import SAMPLE_UNITS, Episodes, StepBatch
+
+# ----------------------------------------------------------------------------------------------
+# 1. Every process's episodes
+# ----------------------------------------------------------------------------------------------
+
+
+class GlobalEpisodes(NamedTuple):
+    """Every process's episodes of one iteration, processes in order: ``[G, S]`` by global
+    group, or ``[G * S]`` rows."""
+
+    scores: np.ndarray  # [G, S] the raw scores
+    valid: np.ndarray | None  # [G, S] the episodes that may train (None: no env error ended one)
+    sampled: np.ndarray  # [G, S] sampled tokens per episode
+    lengths: np.ndarray  # [G * S] tokens per episode
+    tag_ids: np.ndarray  # [G * S] each episode's env of the run
+    entropies: np.ndarray | None  # [G, S] (None: the filter does not read them)
+    here: slice  # this process's rows of the G * S
+
+
+def gather_episodes(batch: RolloutBatch, groups: int,
+                    entropies: Any | None = None) -> GlobalEpisodes:
+    """The iteration's exchange of rollout values (one collective): ``batch`` is this
+    process's share of the step's ``groups`` groups; ``entropies [B]`` its episodes' mean
+    token entropies, when the filter reads them."""
+    local = {"scores": batch.scores, "failed": batch.env_failed,
+             "sampled": batch.loss_mask.sum(1), "lengths": batch.attention_mask.sum(1),
+             "tag_ids": batch.tag_ids}
+    if entropies is not None:
+        local["entropies"] = entropies
+    every = dist.allgather_rows(local)
+    size = every["scores"].size // groups
+    # Episodes an env error ended (a hang, a crash) say nothing about the policy: they leave
+    # the filter's statistics, the normalisation and the update (None: none failed, the exact
+    # arithmetic of a run without errors).
+    valid = ~every["failed"].reshape(groups, -1)
+    part = dist.share(groups, "rollout.env_groups")
+    return GlobalEpisodes(
+        scores=every["scores"].reshape(groups, -1), valid=None if valid.all() else valid,
+        sampled=every["sampled"].reshape(groups, -1), lengths=every["lengths"],
+        tag_ids=every["tag_ids"],
+        entropies=every["entropies"].reshape(groups, -1) if entropies is not None else None,
+        here=slice(part.start * size, part.stop * size))
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. The update's rows (2., the filter and the normalisation, are in their own modules)
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RowSettings:
+    """How the update's rows are built (the run's ``actor`` and ``algorithm`` settings).
+
+    ``pad_multiple``: every width is a multiple of it. ``share_prefixes``: each group's
+    shared first prompt (``group_prefix_lengths``) goes into a table computed once per
+    forward pass (``StepBatch.prefixes``) and the rows hold only what follows it: a group of
+    n rows reads its prompt once instead of n times. ``sample_unit``: what a row is.
+    ``long_rows_apart`` (one device): when every mini-batch's rows but its longest
+    micro-batch's worth (``micro_batches`` per mini-batch) fit in fewer slots, the batch says
+    so (``StepBatch.short_width``) and the update trains those at that width
+    (``update.long_rows_apart``)."""
+
+    mini_batch_size: int
+    pad_multiple: int
+    share_prefixes: bool = True
+    sample_unit: str = "trajectory"
+    micro_batches: int = 1
+    long_rows_apart: bool = False
+
+    def __post_init__(self):
+        if self.sample_unit not in SAMPLE_UNITS:
+            raise ValueError(f"algorithm.sample_unit must be one of {SAMPLE_UNITS}, "
+                             f"got {self.sample_unit!r}")
+
+
+class _Source(NamedTuple):
+    """This process's candidate rows with the filter's decision on each."""
+
+    rows: Any  # the rollout batch (trajectory rows) or ``_TurnRows``
+    keep: np.ndarray  # [G_local] the kept groups
+    weights: np.ndarray  # [R] each row's weight
+    valid: np.ndarray | None  # [R] the rows that may train (None: all)
+    group_offset: int  # this process's first global group id
+    episodes: tuple[np.ndarray, np.ndarray] | None  # turn rows: every local episode's (score, group)
+    episode_index: np.ndarray | None  # turn rows: [R] each row's global episode id
 
 
 def select_rows(keep_groups: np.ndarray, group_ids: np.ndarray, multiple: int,
@@ -32,31 +128,17 @@ def select_rows(keep_groups: np.ndarray, group_ids: np.ndarray, multiple: int,
     """Rows of the kept groups (only the ``valid`` ones, when given: an env error's episode
     is never a row), padded to a multiple of ``multiple`` by duplicating random kept rows.
     Empty if nothing was kept."""
-    chosen = keep_groups[group_ids]
-    rows = np.nonzero(chosen if valid is None else chosen & valid)[0]
+    rows = kept_rows(keep_groups, group_ids, valid)
     if rows.size == 0:
         return rows
-    short = (-rows.size) % multiple
-    return np.concatenate([rows, np.sort(rng.choice(rows, size=short))]) if short else rows
+    return _pad_rows(rows, -(-rows.size // multiple) * multiple, rng)
 
 
-def balanced_rows(keep: np.ndarray, group_ids: np.ndarray, weights: np.ndarray, multiple: int,
-                  rng: np.random.Generator, valid: np.ndarray | None = None
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """Multi-process row selection: this process's kept rows, padded by copies to the largest
-    count any process has (rounded up to ``multiple / processes``), so that every process
-    feeds the same number of rows. A process that kept nothing feeds copies of row 0 with
-    weight 0 (they add nothing to the loss)."""
-    per = multiple // math.gcd(multiple, jax.process_count())
-    rows = select_rows(keep, group_ids, 1, rng, valid)
-    target = int(dist.allgather(np.int64(rows.size)).max())
-    target = -(-target // per) * per
-    w = weights.astype(np.float32).copy()
-    if rows.size == 0:
-        w[0] = 0.0
-        return np.zeros(target, np.int64), w
-    extra = np.sort(rng.choice(rows, size=target - rows.size)) if target > rows.size else rows[:0]
-    return np.concatenate([rows, extra]), w
+def kept_rows(keep_groups: np.ndarray, group_ids: np.ndarray,
+              valid: np.ndarray | None = None) -> np.ndarray:
+    """The rows of the kept groups (only the ``valid`` ones, when given)."""
+    chosen = keep_groups[group_ids]
+    return np.nonzero(chosen if valid is None else chosen & valid)[0]
 
 
 def turn_ends(loss_mask: np.ndarray, turn_ids: np.ndarray) -> np.ndarray:
@@ -67,108 +149,192 @@ def turn_ends(loss_mask: np.ndarray, turn_ids: np.ndarray) -> np.ndarray:
     return (sampled & ~(nxt_sampled & (nxt == turn_ids))).astype(np.float32)
 
 
-def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray, *,
-                     group_offset: int, mini_batch_size: int, pad_multiple: int,
-                     group_buckets: np.ndarray, mesh: Mesh, rng: np.random.Generator,
-                     share_prefixes: bool = True,
-                     sample_unit: str = "trajectory", micro_batches: int = 1,
-                     long_rows_apart: bool = False, valid: np.ndarray | None = None,
+def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
+                     settings: RowSettings, *, group_buckets: np.ndarray, mesh: Mesh,
+                     rng: np.random.Generator, valid: np.ndarray | None = None,
                      marks: HighWater | None = None) -> StepBatch | None:
     """The update's rows of this process's rollout ``batch`` (``None`` if no process kept
-    any). ``keep [G_local]`` and ``weights [B_local]`` come from the filter, ``group_offset``
-    is this process's first global group id, ``group_buckets [G]`` the reward-std bucket of
-    every global group (``starpo.gradient_analysis.reward_std_buckets``; zeros when unused).
+    any). ``keep [G]``, ``weights [G * S]`` and ``valid [G, S]`` (None: all) are the
+    filter's decisions on every process's groups (``batch`` holds this process's share,
+    ``dist.share``); ``group_buckets [G]`` the reward-std bucket of every group
+    (``starpo.gradient_analysis.reward_std_buckets``; zeros when unused).
 
-    With ``share_prefixes`` each group's shared first prompt (``group_prefix_lengths``) goes
-    into a table computed once per forward pass (``StepBatch.prefixes``), and the rows hold
-    only what follows it: a group of n rows reads its prompt once instead of n times.
-
-    ``sample_unit="turn"``: the rows are the turn rows (``weights`` stay per episode).
-
-    ``valid [B_local]`` (None: all): the episodes that may train. The others (an env error
-    ended them) give no row, not even a padding copy, so no advantage, loss or group
-    statistic of the update sees them; with turn rows they are in no group of the episode
-    table either.
-
-    ``long_rows_apart`` (one device): when every mini-batch's rows but its longest micro-batch's
-    worth (``micro_batches`` per mini-batch) fit in fewer slots, the batch says so
-    (``StepBatch.short_width``) and the update trains those at that width
-    (``update.long_rows_apart``).
+    The episodes that are not ``valid`` (an env error ended them) give no row, not even a
+    padding copy, so no advantage, loss or group statistic of the update sees them; with
+    turn rows they are in no group of the episode table either.
 
     ``marks`` (``ragen_jax.shapes.HighWater``): every width is at least the widest this run
     has used at its place, so the update compiles a new program only for a new maximum."""
     marks = marks or HighWater()
-    if sample_unit not in SAMPLE_UNITS:
-        raise ValueError(f"algorithm.sample_unit must be one of {SAMPLE_UNITS}, got {sample_unit!r}")
-    episodes = None
-    if sample_unit == "turn":
-        turns = batch.turn_samples()
-        # Global episode ids: every process holds as many episodes (equal shares of groups).
-        offset = jax.process_index() * batch.scores.size
-        episode_index = (turns.episode + offset).astype(np.int32)
-        episode_groups = (batch.group_ids + group_offset).astype(np.int32)
-        if valid is not None:  # in no group: the estimators' segment sums drop ids below 0
-            episode_groups = np.where(valid, episode_groups, -1).astype(np.int32)
-        episodes = (np.asarray(batch.scores, np.float32), episode_groups)
-        weights = np.asarray(weights)[turns.episode]
-        valid = None if valid is None else np.asarray(valid, bool)[turns.episode]
-        batch = _TurnRows(turns, batch.scores[turns.episode])
-    n_dev = mesh.shape["data"] * mesh.shape["fsdp"]
-    multiple = math.lcm(mini_batch_size, n_dev)
-    if dist.multiprocess():
-        rows, weights = balanced_rows(keep, batch.group_ids, weights, multiple, rng, valid)
-    else:
-        rows = select_rows(keep, batch.group_ids, multiple, rng, valid)
-    if not dist.any_process(rows.size > 0):
+    src = _this_process(batch, keep, weights, valid, settings.sample_unit)
+    prefix_lengths = (group_prefix_lengths(src.rows.input_ids, src.rows.loss_mask,
+                                           src.rows.group_ids)
+                      if settings.share_prefixes else None)
+    chosen = _choose(src, prefix_lengths, settings, mesh, marks)
+    if chosen is None:
         return None
-    width = _fit_width(marks, "update/width",
-                       int(batch.attention_mask[rows].any(0).nonzero()[0].max()) + 1, pad_multiple)
+    rows, weights, count, widths = chosen
+    rows = _pad_rows(rows, count, rng)
+    tokens = _cut_tokens(src.rows, rows, weights, widths["update/width"])
+    prefixes = None
+    if prefix_lengths is not None:
+        tokens, prefixes = _share_prefixes(src.rows, rows, tokens, prefix_lengths, widths)
+    split = _split_width(tokens, settings, marks) if settings.long_rows_apart else None
+    group_ids = (src.rows.group_ids[rows] + src.group_offset).astype(np.int32)
+    local = StepBatch(
+        **tokens, scores=src.rows.scores[rows], group_ids=group_ids,
+        bucket_ids=np.asarray(group_buckets, np.int32)[group_ids],
+        advantage_scale=weights[rows].astype(np.float32),
+        prefix_index=None if prefixes is None else group_ids,
+        episode_index=None if src.episode_index is None else src.episode_index[rows],
+        short_width=split)
+    return _place(local, prefixes, src.episodes, mesh)
 
-    def cols(x):  # this process's rows, cut or zero-padded to the global width
+
+def _this_process(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
+                  valid: np.ndarray | None, sample_unit: str) -> _Source:
+    """This process's share of the filter's decisions, on its rows: the batch's
+    trajectories, or its turn rows (each with its episode's weight and validity)."""
+    groups = len(keep)
+    part = dist.share(groups, "rollout.env_groups")
+    keep = np.asarray(keep)[part]
+    weights = np.asarray(weights).reshape(groups, -1)[part].reshape(-1)
+    if valid is not None:
+        valid = np.asarray(valid).reshape(groups, -1)[part].reshape(-1)
+    if sample_unit != "turn":
+        return _Source(batch, keep, weights, valid, part.start, None, None)
+    turns = batch.turn_samples()
+    # Global episode ids: every process holds as many episodes (equal shares of groups).
+    offset = jax.process_index() * batch.scores.size
+    episode_groups = (batch.group_ids + part.start).astype(np.int32)
+    if valid is not None:  # in no group: the estimators' segment sums drop ids below 0
+        episode_groups = np.where(valid, episode_groups, -1).astype(np.int32)
+    return _Source(
+        rows=_TurnRows(turns, batch.scores[turns.episode]), keep=keep,
+        weights=weights[turns.episode],
+        valid=None if valid is None else np.asarray(valid, bool)[turns.episode],
+        group_offset=part.start,
+        episodes=(np.asarray(batch.scores, np.float32), episode_groups),
+        episode_index=(turns.episode + offset).astype(np.int32))
+
+
+def _choose(src: _Source, prefix_lengths: np.ndarray | None, settings: RowSettings,
+            mesh: Mesh, marks: HighWater
+            ) -> tuple[np.ndarray, np.ndarray, int, dict[str, int]] | None:
+    """This process's kept rows and row weights, and what every process agreed on: the row
+    count each feeds (the largest any kept, rounded up so that the mini-batch size and the
+    data-parallel device count divide the whole) and the widths (``_fit_widths``). None
+    when no process kept a row.
+
+    A process that kept nothing feeds copies of its row 0 with weight 0 (they add nothing to
+    the loss), and its widths are row 0's."""
+    rows = kept_rows(src.keep, src.rows.group_ids, src.valid)
+    weights = np.asarray(src.weights, np.float32)
+    if rows.size == 0:
+        weights = weights.copy()
+        weights[0] = 0.0
+    measured = rows if rows.size else np.zeros(1, np.int64)
+    agreed = _agree({"rows": rows.size, **_widths(src.rows, measured, prefix_lengths)})
+    count = agreed.pop("rows")
+    if count == 0:
+        return None
+    multiple = math.lcm(settings.mini_batch_size, mesh.shape["data"] * mesh.shape["fsdp"])
+    per = multiple // math.gcd(multiple, jax.process_count())  # this process's part of it
+    return rows, weights, -(-count // per) * per, _fit_widths(marks, agreed, settings.pad_multiple)
+
+
+def _widths(rows: Any, chosen: np.ndarray, prefix_lengths: np.ndarray | None) -> dict[str, int]:
+    """The longest ``chosen`` row (to its last real token), and with shared prefixes the
+    longest group prefix of all of ``rows`` and the longest part of a chosen row after it."""
+    mask = rows.attention_mask[chosen]
+    # (0 for a row 0 without tokens, an episode whose env failed to reset)
+    out = {"update/width": int(mask.any(0).nonzero()[0].max()) + 1 if mask.any() else 0}
+    if prefix_lengths is not None:
+        out["update/prefix"] = int(prefix_lengths.max())
+        out["update/suffix"] = int((mask.sum(1) - prefix_lengths[rows.group_ids[chosen]]).max())
+    return out
+
+
+def _agree(values: dict[str, int]) -> dict[str, int]:
+    """Every process's largest of each of ``values``, in one exchange."""
+    every = dist.allgather(np.array(list(values.values()), np.int64)).max(0)
+    return {name: int(n) for name, n in zip(values, every, strict=True)}
+
+
+def _fit_widths(marks: HighWater, longest: dict[str, int], pad_multiple: int) -> dict[str, int]:
+    """Each site's ``longest`` rounded up to ``pad_multiple`` (at least one step), never
+    narrower than the site's mark, which follows."""
+    return {site: marks.fit(site, bucket_length(n, pad_multiple, pad_multiple))
+            for site, n in longest.items()}
+
+
+def _pad_rows(rows: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
+    """``rows`` and sorted random copies of them up to ``count``; a process with no row
+    feeds ``count`` copies of row 0."""
+    if rows.size == 0:
+        return np.zeros(count, np.int64)
+    if count <= rows.size:
+        return rows
+    return np.concatenate([rows, np.sort(rng.choice(rows, size=count - rows.size))])
+
+
+def _cut_tokens(source: Any, rows: np.ndarray, weights: np.ndarray,
+                width: int) -> dict[str, np.ndarray]:
+    """The token arrays of ``rows``, cut or zero-padded to ``width``; the loss on the rows
+    of positive weight only."""
+
+    def cols(x):
         x = x[rows, :width]
         return np.pad(x, ((0, 0), (0, width - x.shape[1]))) if x.shape[1] < width else x
 
-    group_ids = batch.group_ids[rows] + group_offset
-    tokens = dict(
-        input_ids=cols(batch.input_ids), attention_mask=cols(batch.attention_mask),
-        positions=cols(batch.position_ids),
-        loss_mask=cols(batch.loss_mask.astype(np.float32) * (weights[:, None] > 0)),
-        sampler_logp=cols(batch.model_logprobs), token_rewards=cols(batch.token_rewards),
-        turn_end=turn_ends(cols(batch.loss_mask), cols(batch.turn_ids)))
-    prefixes = None
-    if share_prefixes:
-        lengths = group_prefix_lengths(batch.input_ids, batch.loss_mask, batch.group_ids)
-        row_lengths = lengths[batch.group_ids[rows]]
-        suffix = tokens["attention_mask"].sum(1) - row_lengths
+    return dict(
+        input_ids=cols(source.input_ids), attention_mask=cols(source.attention_mask),
+        positions=cols(source.position_ids),
+        loss_mask=cols(source.loss_mask.astype(np.float32) * (weights[:, None] > 0)),
+        sampler_logp=cols(source.model_logprobs), token_rewards=cols(source.token_rewards),
+        turn_end=turn_ends(cols(source.loss_mask), cols(source.turn_ids)))
 
-        table = prefix_table(batch.input_ids, lengths, batch.group_ids,
-                             _fit_width(marks, "update/prefix", int(lengths.max()), pad_multiple))
-        tokens = after_prefix(tokens, row_lengths,
-                              _fit_width(marks, "update/suffix", int(suffix.max()), pad_multiple))
-        # Row = global group id: every process's table, in process order.
-        prefixes = Prefixes(*(dist.replicated(dist.allgather(t).reshape(-1, t.shape[1]), mesh)
-                              for t in table))
-    split = None
-    if long_rows_apart:
-        split = short_width(tokens["attention_mask"].sum(1), mini_batch_size, micro_batches,
-                            pad_multiple, tokens["input_ids"].shape[1])
-        if split is not None:
-            split = min(marks.fit("update/short", split), tokens["input_ids"].shape[1])
-    local = StepBatch(
-        **tokens, scores=batch.scores[rows], group_ids=group_ids.astype(np.int32),
-        bucket_ids=np.asarray(group_buckets, np.int32)[group_ids],
-        advantage_scale=weights[rows].astype(np.float32),
-        prefix_index=None if prefixes is None else group_ids.astype(np.int32),
-        episode_index=None if episodes is None else episode_index[rows], short_width=split)
-    if episodes is not None:  # every process's episodes, in process order
-        episodes = Episodes(*(dist.replicated(dist.allgather(x).reshape(-1), mesh)
-                              for x in episodes))
+
+def _share_prefixes(source: Any, rows: np.ndarray, tokens: dict[str, np.ndarray],
+                    lengths: np.ndarray, widths: dict[str, int]
+                    ) -> tuple[dict[str, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """``tokens`` with each row's group prefix (``lengths [G_local]``) cut off (what follows
+    it, from slot 0), and this process's prefix table (``prefix_table``), at the agreed
+    widths."""
+    table = prefix_table(source.input_ids, lengths, source.group_ids, widths["update/prefix"])
+    return after_prefix(tokens, lengths[source.group_ids[rows]], widths["update/suffix"]), table
+
+
+def _split_width(tokens: dict[str, np.ndarray], settings: RowSettings,
+                 marks: HighWater) -> int | None:
+    """The width of the rows that ``long_rows_apart`` trains apart from the longest
+    (``short_width``), never narrower than its mark."""
+    width = tokens["input_ids"].shape[1]
+    split = short_width(tokens["attention_mask"].sum(1), settings.mini_batch_size,
+                        settings.micro_batches, settings.pad_multiple, width)
+    return None if split is None else min(marks.fit("update/short", split), width)
+
+
+def _place(local: StepBatch, table: tuple[np.ndarray, np.ndarray] | None,
+           episodes: tuple[np.ndarray, np.ndarray] | None, mesh: Mesh) -> StepBatch:
+    """``local`` as this process's shard of global arrays on ``mesh``, with every process's
+    prefix table (row = global group id) and episode table, replicated (processes in
+    order)."""
+    prefixes = None
+    if table is not None:
+        every = dist.allgather_rows({"input_ids": table[0], "attention_mask": table[1]})
+        prefixes = Prefixes(dist.replicated(every["input_ids"], mesh),
+                            dist.replicated(every["attention_mask"], mesh))
+    if episodes is not None:
+        every = dist.allgather_rows({"scores": episodes[0], "group_ids": episodes[1]})
+        episodes = Episodes(dist.replicated(every["scores"], mesh),
+                            dist.replicated(every["group_ids"], mesh))
     return jax.tree.map(lambda x: dist.global_rows(x, mesh), local).replace(
         prefixes=prefixes, episodes=episodes)
 
 
-def calibrate_widths(marks: HighWater, batch: RolloutBatch, rows: np.ndarray, pad_multiple: int,
-                     share_prefixes: bool = True) -> None:
+def calibrate_widths(marks: HighWater, batch: RolloutBatch, rows: np.ndarray,
+                     settings: RowSettings) -> None:
     """Raises the update's width marks to what ``batch``'s ``rows [B] bool`` would need
     (every process's: the widths are global), the way ``build_step_batch`` measures them.
     The trainer calls it with each validation batch's episodes of the envs it trains on: a
@@ -176,22 +342,13 @@ def calibrate_widths(marks: HighWater, batch: RolloutBatch, rows: np.ndarray, pa
     and first prompt set the update's widths before the training steps meet them one at a
     time (each a program compiled mid-run)."""
     mask = batch.attention_mask[rows]
-    _fit_width(marks, "update/width", int(mask.any(0).nonzero()[0].max()) + 1 if mask.any() else 0,
-               pad_multiple)
-    if share_prefixes:
+    longest = {"update/width": int(mask.any(0).nonzero()[0].max()) + 1 if mask.any() else 0}
+    if settings.share_prefixes:
         lengths = group_prefix_lengths(batch.input_ids, batch.loss_mask, batch.group_ids)
         row_prefix = lengths[batch.group_ids[rows]]
-        _fit_width(marks, "update/prefix", int(row_prefix.max()) if row_prefix.size else 0,
-                   pad_multiple)
-        _fit_width(marks, "update/suffix",
-                   int((mask.sum(1) - row_prefix).max()) if row_prefix.size else 0, pad_multiple)
-
-
-def _fit_width(marks: HighWater, site: str, longest: int, pad_multiple: int) -> int:
-    """Every process's ``longest`` at ``site``, rounded up to ``pad_multiple`` (at least one
-    step), and never narrower than the site's mark, which follows."""
-    longest = int(dist.allgather(np.int64(longest)).max())
-    return marks.fit(site, bucket_length(longest, pad_multiple, pad_multiple))
+        longest["update/prefix"] = int(row_prefix.max()) if row_prefix.size else 0
+        longest["update/suffix"] = int((mask.sum(1) - row_prefix).max()) if row_prefix.size else 0
+    _fit_widths(marks, _agree(longest), settings.pad_multiple)
 
 
 def short_width(lengths: np.ndarray, mini_batch_size: int, micro_batches: int,

@@ -125,7 +125,7 @@ def token_logprobs(model: Qwen2ForCausalLM, input_ids: jax.Array, attention_mask
     With ``loss_mask [B, L]`` only its slots are scored (the others get 0, see
     ``target_logprobs``); their values equal those computed without it.  # [B, L], [B, L]
     """
-    hidden, _ = model.model(input_ids, positions, attention_mask, prefix=prefix)  # [B, L, E]
+    hidden = model.model(input_ids, positions, attention_mask, prefix=prefix)  # [B, L, E]
     if prefix is not None:  # the state before slot 0 is the prefix's last one
         hidden = jnp.concatenate([prefix.last_hidden[:, None].astype(hidden.dtype), hidden], 1)
         return target_logprobs(model, hidden[:, :-1], input_ids, temperature, chunk=chunk,

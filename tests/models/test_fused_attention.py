@@ -16,8 +16,13 @@ import pytest
 from flax import nnx
 
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
+from ragen_jax.models.attention import (
+    attend,
+    attend_compacted,
+    flash_attention_problem,
+    mask_causal,
+)
 from ragen_jax.models.kv_cache import positions_from_mask
-from ragen_jax.models.qwen import attend, attend_compacted, flash_attention_problem, mask_causal
 from ragen_jax.schema import ConfigError, ModelConfig
 
 CFG = QwenConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from ragen_jax.models import KVCache, Qwen2ForCausalLM, QwenConfig, positions_from_mask
-from ragen_jax.models.qwen import attend, attend_group_prefix, attention_blocks
+from ragen_jax.models.attention import attend, attend_group_prefix, attention_blocks
 
 TOL = 1e-4
 CFG = QwenConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

@@ -4,6 +4,7 @@ its own copy."""
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import jax
@@ -14,9 +15,15 @@ from flax import nnx
 
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
 from ragen_jax.sharding import make_mesh
-from ragen_jax.starpo.rows import after_prefix, build_step_batch, group_prefix_lengths, short_width
-from ragen_jax.starpo.step import make_update
+from ragen_jax.starpo.rows import (
+    RowSettings,
+    after_prefix,
+    build_step_batch,
+    group_prefix_lengths,
+    short_width,
+)
 from ragen_jax.starpo.token_scores import token_logprobs
+from ragen_jax.starpo.update import make_update
 from tests.starpo.test_step import CFG, build, copy, settings
 
 V = CFG["vocab_size"]
@@ -117,11 +124,10 @@ def test_update_with_shared_prefixes_equals_the_update_without(estimator, critic
     _, networks, state = build(s)
     batch = rollout_like(0)
     mesh = make_mesh((1, 1, 1))
-    kw = dict(group_offset=0, mini_batch_size=8, pad_multiple=8, group_buckets=np.array([0, 1]),
-              mesh=mesh, rng=np.random.default_rng(0))
+    kw = dict(group_buckets=np.array([0, 1]), mesh=mesh, rng=np.random.default_rng(0))
     keep, weights = np.ones(2, bool), np.ones(8, np.float32)
-    plain = build_step_batch(batch, keep, weights, share_prefixes=False, **kw)
-    shared = build_step_batch(batch, keep, weights, share_prefixes=True, **kw)
+    plain = build_step_batch(batch, keep, weights, RowSettings(8, 8, share_prefixes=False), **kw)
+    shared = build_step_batch(batch, keep, weights, RowSettings(8, 8, share_prefixes=True), **kw)
     assert shared.prefixes is not None and plain.prefixes is None
     assert shared.input_ids.shape[1] < plain.input_ids.shape[1]
     update = make_update(s, networks)
@@ -136,11 +142,12 @@ def test_update_is_the_same_at_a_tighter_row_width():
     s = settings("grpo", critic=False, recompute=True)
     _, networks, state = build(s)
     batch = rollout_like(1)
-    kw = dict(group_offset=0, mini_batch_size=8, group_buckets=np.array([0, 1]),
-              mesh=make_mesh((1, 1, 1)), share_prefixes=True)
+    kw = dict(group_buckets=np.array([0, 1]), mesh=make_mesh((1, 1, 1)))
     keep, weights = np.ones(2, bool), np.ones(8, np.float32)
-    tight = build_step_batch(batch, keep, weights, pad_multiple=8, rng=np.random.default_rng(0), **kw)
-    wide = build_step_batch(batch, keep, weights, pad_multiple=64, rng=np.random.default_rng(0), **kw)
+    tight = build_step_batch(batch, keep, weights, RowSettings(8, pad_multiple=8),
+                             rng=np.random.default_rng(0), **kw)
+    wide = build_step_batch(batch, keep, weights, RowSettings(8, pad_multiple=64),
+                            rng=np.random.default_rng(0), **kw)
     assert tight.input_ids.shape[1] % 8 == 0 and wide.input_ids.shape[1] == 64
     assert tight.input_ids.shape[1] < wide.input_ids.shape[1]
     assert tight.prefixes.input_ids.shape[1] < wide.prefixes.input_ids.shape[1]
@@ -165,7 +172,7 @@ def test_short_width_by_hand():
 
 
 def test_update_with_long_rows_apart_equals_the_update_without():
-    """The trainer's path: ``build_step_batch(long_rows_apart=True)`` marks the narrower width
+    """The trainer's path: ``RowSettings(long_rows_apart=True)`` marks the narrower width
     (a few long rows), and the update (2 micro-batches, shared prefixes) equals the one
     without it."""
     s = settings("grpo", critic=False, recompute=True)
@@ -174,12 +181,12 @@ def test_update_with_long_rows_apart_equals_the_update_without():
     lengths = batch.attention_mask.sum(1)
     batch.attention_mask[lengths.argsort()[:4]] &= np.arange(32)[None] < 20  # four short rows
     batch.loss_mask *= batch.attention_mask
-    kw = dict(group_offset=0, mini_batch_size=8, pad_multiple=8, group_buckets=np.array([0, 1]),
-              mesh=make_mesh((1, 1, 1)), share_prefixes=True, micro_batches=2)
+    kw = dict(group_buckets=np.array([0, 1]), mesh=make_mesh((1, 1, 1)))
     keep, weights = np.ones(2, bool), np.ones(8, np.float32)
-    whole = build_step_batch(batch, keep, weights, rng=np.random.default_rng(0), **kw)
-    apart = build_step_batch(batch, keep, weights, rng=np.random.default_rng(0),
-                             long_rows_apart=True, **kw)
+    rows = RowSettings(8, 8, share_prefixes=True, micro_batches=2)
+    whole = build_step_batch(batch, keep, weights, rows, rng=np.random.default_rng(0), **kw)
+    apart = build_step_batch(batch, keep, weights, dataclasses.replace(rows, long_rows_apart=True),
+                             rng=np.random.default_rng(0), **kw)
     assert whole.short_width is None
     assert apart.short_width is not None and apart.short_width < apart.input_ids.shape[1]
     update = make_update(s, networks)

@@ -48,7 +48,7 @@ def test_values_equal_full_log_softmax(tie):
 
     @jax.jit
     def scores():
-        hidden, _ = model.model(ids, pos, attn)
+        hidden = model.model(ids, pos, attn)
         return (reference(model, ids, attn, pos, temperature=0.7),
                 token_logprobs(model, ids, attn, pos, 0.7, chunk=5),
                 [target_logprobs(model, hidden[:, :-1], ids[:, 1:], 0.7, chunk=c) for c in chunks])
@@ -125,7 +125,7 @@ def test_grad_never_materialises_full_vocabulary_logits():
     mask = jax.ShapeDtypeStruct((batch, length), jnp.float32)
 
     def decoder_only(model, ids, attn, pos):
-        hidden, _ = model.model(ids, pos, attn)
+        hidden = model.model(ids, pos, attn)
         return jnp.sum(hidden, -1), jnp.zeros(ids.shape)
 
     def temp_bytes(score):
@@ -148,7 +148,7 @@ def test_wide_batches_take_fewer_positions_a_chunk(monkeypatch):
     from ragen_jax.starpo import token_scores
 
     model, ids, attn, pos = make_case()
-    hidden, _ = jax.jit(lambda: model.model(ids, pos, attn))()
+    hidden = jax.jit(lambda: model.model(ids, pos, attn))()
     want = jax.jit(lambda: target_logprobs(model, hidden[:, :-1], ids[:, 1:], chunk=256))()
     monkeypatch.setattr(token_scores, "MAX_CHUNK_LOGITS", 3 * 2 * 64)  # 2 positions a chunk
     got = jax.jit(lambda: target_logprobs(model, hidden[:, :-1], ids[:, 1:], chunk=256))()

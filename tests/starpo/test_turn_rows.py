@@ -17,15 +17,16 @@ from ragen_jax.rollout.agent import AgentRollout, RolloutConfig
 from ragen_jax.sharding import make_mesh
 from ragen_jax.starpo import advantages as adv_lib
 from ragen_jax.starpo.estimators import AdvantageSettings
-from ragen_jax.starpo.rows import build_step_batch
-from ragen_jax.starpo.step import (
+from ragen_jax.starpo.optimizer_step import TrainBatch, UpdateConfig, actor_objective
+from ragen_jax.starpo.rows import RowSettings, build_step_batch
+from ragen_jax.starpo.token_scores import token_logprobs
+from ragen_jax.starpo.update import (
     Networks,
     StepSettings,
     init_state,
     make_update,
     step_advantages,
 )
-from ragen_jax.starpo.update import TrainBatch, UpdateConfig, actor_objective, token_logprobs
 
 TINY = QwenConfig.tiny(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=8,
@@ -54,10 +55,10 @@ def rollout():
 
 def rows_of(batch, unit, share=False, mini=1):
     return build_step_batch(
-        batch, np.ones(GROUPS, bool), np.ones(GROUPS * SIZE, np.float32), group_offset=0,
-        mini_batch_size=mini, pad_multiple=8, group_buckets=np.zeros(GROUPS, np.int32),
-        mesh=make_mesh((1, 1, 1)), rng=np.random.default_rng(0), share_prefixes=share,
-        sample_unit=unit)
+        batch, np.ones(GROUPS, bool), np.ones(GROUPS * SIZE, np.float32),
+        RowSettings(mini, pad_multiple=8, share_prefixes=share, sample_unit=unit),
+        group_buckets=np.zeros(GROUPS, np.int32), mesh=make_mesh((1, 1, 1)),
+        rng=np.random.default_rng(0))
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "drgrpo", "rloo"])
