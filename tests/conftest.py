@@ -1,13 +1,15 @@
-"""Every test session caches warm-starts in its own folder, never in the user's cache, and
-shares compiled XLA programs between its workers and the processes they start.
+"""Every test session caches warm-starts in its own folder, never in the user's cache, shares
+compiled XLA programs between its workers and the processes they start, and compiles them fast.
 
 Many tests build the same micro model and trainer, so the same programs are compiled again and
 again; JAX's persistent compilation cache, in a folder that belongs to this test session only
 (made fresh and removed at the end, shared by its xdist workers and the processes they start),
 makes a repeat a file read. It changes no result: an entry is keyed by the program, its
-compile options and the jax/XLA version. (XLA:CPU's occasional segfaults under the tests, about
-two a session, are not the cache's: a session without it had as many, in plain compiles, and
-took 39 minutes against 31; pyproject.toml reruns a test whose worker crashed.)
+compile options and the jax/XLA version. (XLA:CPU, jax 0.10.2, segfaults about twice a
+session, in compiles as well as in the cache's serialization: a session without the cache had
+as many, in plain compiles, and took 39 minutes against 31; 6,000 compiles by three processes
+at once through one cache folder did not crash. pyproject.toml reruns a test whose worker
+crashed.)
 """
 
 import os
@@ -16,6 +18,11 @@ import tempfile
 
 import jax
 import pytest
+
+try:
+    from _pytest.nodeid import NodeId
+except ImportError:  # pytest < 9, where xdist's own xdist_group mark still groups
+    NodeId = None
 
 # The process that starts the session (xdist's controller, or the only one) makes the folder
 # before any worker exists; workers and the processes tests start inherit it in the environment.
@@ -29,6 +36,16 @@ _JIT_CACHE_SETTINGS = {
     # A size limit turns on the cache's file lock: no process reads an entry another is writing.
     "jax_compilation_cache_max_size": 4 << 30,
 }
+# XLA:CPU's LLVM code generation at its lowest optimisation level: compiling is most of a
+# test's time (a micro run's steps take under a second once compiled), and this level compiles
+# about a third faster. Floats can differ in their last bits from the default level's
+# (instruction choices such as fused multiply-adds), so a seed's run can take another path;
+# every comparison the tests make is between programs compiled alike, or within tolerances.
+# Set before jax starts its backend, unless XLA_FLAGS names a level; the processes tests start
+# inherit it.
+if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} "
+                               "--xla_backend_optimization_level=0").strip()
 for _name, _value in _JIT_CACHE_SETTINGS.items():
     os.environ[_name.upper()] = str(_value)  # for the processes tests start
     jax.config.update(_name, _value)  # for this one (jax is imported already)
@@ -48,3 +65,33 @@ def _private_warmstart_cache(tmp_path_factory):
         os.environ.pop("RAGEN_JAX_CACHE", None)
     else:
         os.environ["RAGEN_JAX_CACHE"] = old
+
+
+# Module fixtures that train or convert a model (a minute or more each): the tests that read one
+# run on the worker that built it (pyproject.toml runs xdist with --dist loadgroup), instead of
+# each worker building its own copy.
+_SHARED_RUNS = ("reference_run", "two_steps", "trained", "smollm2")
+# Files whose tests train end to end or start processes that do (a minute or more each), in
+# this order before the rest: the two workers then finish together instead of one waiting on a
+# long last test.
+_LONG_FIRST = ("test_distributed.py", "test_train.py", "test_hf_folder.py",
+               "test_checkpoint_recovery.py", "test_held_out.py", "test_compilation.py",
+               "test_remote_train.py", "test_eval.py")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
+def pytest_collection_modifyitems(config, items):
+    if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
+        for item in items:
+            shared = [name for name in _SHARED_RUNS if name in getattr(item, "fixturenames", ())]
+            if not shared:
+                continue
+            group = f"{item.path.stem}.{shared[0]}"
+            if NodeId is None:
+                item.add_marker(pytest.mark.xdist_group(group))
+            else:
+                # xdist's scheduler groups by a node id's "@group" suffix; its xdist_group mark
+                # sets that suffix through Item._nodeid, which pytest 9 no longer reads.
+                item._id = NodeId.parse(f"{item.nodeid}@{group}")
+    rank = {name: i for i, name in enumerate(_LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable within a file

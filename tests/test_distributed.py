@@ -42,7 +42,8 @@ def _free_port() -> int:
 
 
 def _env(devices: int) -> dict[str, str]:
-    return dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+    return dict(os.environ, XLA_FLAGS=flags.strip(),
                 JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
 
 
@@ -158,7 +159,8 @@ def test_a_process_that_never_joins_is_a_clear_error(tmp_path):
 
 def test_a_process_that_dies_ends_the_others(tmp_path):
     out = tmp_path / "run"
-    procs = _job(out, 50, "--config.distributed.heartbeat_timeout_s=5")
+    procs = _job(out, 50, "--config.distributed.heartbeat_timeout_s=5",
+                 "--config.diagnostics.compute_freq=0")  # fewer programs to compile first
     deadline = time.monotonic() + TIMEOUT
     while not (out / "metrics.jsonl").exists() or 1 not in read_jsonl(out / "metrics.jsonl"):
         assert procs[0].poll() is None and procs[1].poll() is None, _read(procs[0])[1][-3000:]

@@ -184,26 +184,46 @@ BROKEN = {"truncated": "model.safetensors", "bad-header": "model.safetensors",
           "no-tokenizer": "no tokenizer files", "small-embedding": "only 1000 rows"}
 
 
+def _broken_args(bad: Path, tmp_path: Path) -> list[str]:
+    return ["--config", "configs/frozenlake.py:qwen2.5-0.5b", f"--config.model.path={bad}",
+            f"--config.trainer.output_dir={tmp_path / 'run'}", "--config.model.dtype=float32"]
+
+
 @pytest.mark.parametrize("how", list(BROKEN))
-def test_broken_folder_is_one_line_from_launch_and_eval(folder, tmp_path, how):
+def test_broken_folder_is_one_line_from_launch_and_eval(folder, tmp_path, how, capsys):
+    """launch.py's and the evaluation's start name each broken folder in one line, before
+    anything prints its config (launch.py's ``main`` in this process; the process's own
+    output: the next test)."""
     if folder.parent.name.startswith("t5") and how not in ("no-tokenizer",):
         pytest.skip("layout-independent; checked on the hub layout")
-    bad = _broken(folder, tmp_path, how)
-    args = ["--config", "configs/frozenlake.py:qwen2.5-0.5b", f"--config.model.path={bad}",
-            f"--config.trainer.output_dir={tmp_path / 'run'}", "--config.model.dtype=float32"]
-    r = subprocess.run([sys.executable, str(ROOT / "launch.py"), *args], cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode != 0 and len(lines) == 1 and lines[0].startswith("launch.py: "), r.stderr[-2000:]
-    assert BROKEN[how] in lines[0] and str(bad) in lines[0]
-    assert "Traceback" not in r.stdout + r.stderr and "model:" not in r.stdout  # no config dump
-
+    import launch
     from ragen_jax import eval as ragen_eval
+
+    bad = _broken(folder, tmp_path, how)
+    args = _broken_args(bad, tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        launch.main(["launch.py", *args])
+    message = str(exc.value)
+    assert message.startswith("launch.py: ") and "\n" not in message
+    assert BROKEN[how] in message and str(bad) in message
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err and "model:" not in out  # no config dump
 
     with pytest.raises(SystemExit) as exc:
         ragen_eval.main([*args, "--out", str(tmp_path / "eval")])
     message = str(exc.value)
     assert message.startswith("ragen_jax.eval: ") and "\n" not in message and BROKEN[how] in message
+
+
+def test_broken_folder_ends_the_launch_process_with_its_one_line(hub_folder, tmp_path):
+    """The process: exit status 1 and that line alone on stderr, no traceback."""
+    bad = _broken(hub_folder, tmp_path, "no-config")
+    r = subprocess.run([sys.executable, str(ROOT / "launch.py"), *_broken_args(bad, tmp_path)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("launch.py: "), r.stderr[-2000:]
+    assert BROKEN["no-config"] in lines[0] and str(bad) in lines[0]
+    assert "Traceback" not in r.stdout + r.stderr and "model:" not in r.stdout
 
 
 @pytest.mark.parametrize("name", ["config.json", "generation_config.json", "tokenizer.json",

@@ -219,21 +219,79 @@ def test_run_writes_metrics_checkpoints_and_trajectories(reference_run):
     assert list((out / "tb").iterdir())
 
 
-@pytest.mark.parametrize("stop_at", [2, 3])  # 2 is also a periodic save: saved once, no error
-def test_resume_after_signal_matches_uninterrupted(reference_run, tmp_path, stop_at):
+def _stop_at(step: int, how: str):
+    def on_step(done, _metrics):
+        if done == step:
+            if how == "signal":  # handled: the step finishes, a checkpoint is saved
+                os.kill(os.getpid(), signal.SIGTERM)
+            else:
+                raise RuntimeError("simulated crash")
+    return on_step
+
+
+@pytest.fixture(scope="module")
+def stopped_run(reference_run, tmp_path_factory):
+    """The reference config in one folder, stopped every way a run stops early, each rerun
+    resuming the last: a SIGTERM at step 2 (also a periodic save: saved once), a crash at step
+    3 (lost), a SIGTERM at step 3 (not a save step), a save of step 4 that fails on a full disk
+    (in orbax's writer thread), then a rerun that finishes. ``{stage: summary or error}``."""
+    import orbax.checkpoint as ocp
+
+    from ragen_jax.checkpoint import CheckpointSaveError
+
+    out = tmp_path_factory.mktemp("stopped")
+    stages = {"signal_2": _run(micro_config(out), on_step=_stop_at(2, "signal"))}
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        _run(micro_config(out), on_step=_stop_at(3, "crash"))
+    stages["signal_3"] = _run(micro_config(out), on_step=_stop_at(3, "signal"))
+    save = ocp.CheckpointManager.save
+
+    def full_disk(manager, step, *args, **kw):
+        if step == 4:
+            junk = manager.directory / "4.orbax-checkpoint-tmp"
+            junk.mkdir()
+            (junk / "part").write_bytes(b"x" * 1000)
+            raise ValueError("RESOURCE_EXHAUSTED: Error writing ...: No space left on device\nmore")
+        return save(manager, step, *args, **kw)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ocp.CheckpointManager, "save", full_disk)
+        with pytest.raises(CheckpointSaveError) as failed:
+            _run(micro_config(out))
+    stages["failed_save"] = failed.value
+    stages["finished"] = _run(micro_config(out))
+    return out, stages
+
+
+def test_resume_after_signal_matches_uninterrupted(reference_run, stopped_run):
     ref_out, _ = reference_run
-    config = micro_config(tmp_path)
-
-    def interrupt(step, _metrics):
-        if step == stop_at:
-            os.kill(os.getpid(), signal.SIGTERM)  # handled: the step finishes, a checkpoint is saved
-
-    first = _run(config, on_step=interrupt)
-    assert first["interrupted"] and first["step"] == stop_at
-    second = _run(micro_config(tmp_path))
-    assert second["resumed_from"] == stop_at and second["step"] == 4
-    assert _without_timing(read_jsonl(tmp_path / "metrics.jsonl")) == _without_timing(
+    out, stages = stopped_run
+    assert stages["signal_2"]["interrupted"] and stages["signal_2"]["step"] == 2
+    assert stages["signal_3"]["interrupted"] and stages["signal_3"]["step"] == 3
+    assert stages["finished"]["resumed_from"] == 3 and stages["finished"]["step"] == 4
+    assert _without_timing(read_jsonl(out / "metrics.jsonl")) == _without_timing(
         read_jsonl(ref_out / "metrics.jsonl"))
+
+
+def test_resume_after_crash_repeats_lost_steps_exactly(stopped_run):
+    """The crash at step 3 lost it (its rerun resumed from step 2) and the rerun repeated it
+    exactly: the folder's metrics equal the uninterrupted run's (the test above)."""
+    _, stages = stopped_run
+    assert stages["signal_3"]["resumed_from"] == 2
+
+
+def test_a_failed_save_names_the_step_and_the_rerun_resumes_from_the_last_complete(stopped_run):
+    """A save that fails stops the run with a message naming the step and the checkpoint a
+    rerun resumes from; the rerun clears the half-written folder and repeats the lost steps
+    exactly (the metrics: the signal test above)."""
+    out, stages = stopped_run
+    message = str(stages["failed_save"])
+    for part in ("checkpoint of step 4 not written", "No space left on device",
+                 "a rerun resumes from step 3", "trainer.keep_checkpoints"):
+        assert part in message, (part, message)
+    assert "\n" not in message
+    assert stages["finished"]["resumed_from"] == 3 and stages["finished"]["step"] == 4
+    assert not (out / "checkpoints" / "4.orbax-checkpoint-tmp").exists()
 
 
 def test_signal_during_warm_start_exits_at_once_with_nothing_saved(tmp_path, monkeypatch, capfd):
@@ -264,21 +322,6 @@ def test_signal_during_warm_start_exits_at_once_with_nothing_saved(tmp_path, mon
     assert not read_jsonl(tmp_path / "metrics.jsonl")
     assert not [p for p in (tmp_path / "checkpoints").glob("*") if p.name.isdigit()]
     assert signal.getsignal(signal.SIGTERM) == handler  # the run's handler is gone
-
-
-def test_resume_after_crash_repeats_lost_steps_exactly(reference_run, tmp_path):
-    ref_out, _ = reference_run
-
-    def crash(step, _metrics):
-        if step == 3:
-            raise RuntimeError("simulated crash")
-
-    with pytest.raises(RuntimeError):
-        _run(micro_config(tmp_path), on_step=crash)
-    second = _run(micro_config(tmp_path))
-    assert second["resumed_from"] == 2 and second["step"] == 4  # step 3 was lost and redone
-    assert _without_timing(read_jsonl(tmp_path / "metrics.jsonl")) == _without_timing(
-        read_jsonl(ref_out / "metrics.jsonl"))
 
 
 def _live_bytes() -> int:
@@ -315,46 +358,11 @@ def test_an_untrained_start_saves_no_step_zero_checkpoint(tmp_path, capsys):
     config, and a 1.5B run's checkpoint (weights, critic, AdamW moments) is ~37 GB of disk.
     The run's start summary says the compute dtype ``auto`` took here, and why."""
     summary = _run(micro_config(tmp_path, steps=2, extra=("--config.warmstart.steps=0",
-                                                          "--config.model.dtype=auto")))
+                                                          "--config.model.dtype=auto",
+                                                          "--config.diagnostics.compute_freq=0")))
     assert summary["step"] == 2
     assert "\n  compute      float32 (model.dtype=auto, on XLA:CPU" in capsys.readouterr().out
     assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == [2]
-
-
-def test_a_failed_save_names_the_step_and_the_rerun_resumes_from_the_last_complete(
-        reference_run, tmp_path, monkeypatch):
-    """A save that fails (a full disk on a GPU machine, in orbax's writer thread) stops the run
-    with a message naming the step and the checkpoint a rerun resumes from; the rerun clears
-    the half-written folder and repeats the lost steps exactly."""
-    import orbax.checkpoint as ocp
-
-    from ragen_jax.checkpoint import CheckpointSaveError
-
-    ref_out, _ = reference_run
-    save = ocp.CheckpointManager.save
-
-    def full_disk(manager, step, *args, **kw):
-        if step == 4:
-            junk = manager.directory / "4.orbax-checkpoint-tmp"
-            junk.mkdir()
-            (junk / "part").write_bytes(b"x" * 1000)
-            raise ValueError("RESOURCE_EXHAUSTED: Error writing ...: No space left on device\nmore")
-        return save(manager, step, *args, **kw)
-
-    monkeypatch.setattr(ocp.CheckpointManager, "save", full_disk)
-    with pytest.raises(CheckpointSaveError) as failed:
-        _run(micro_config(tmp_path))
-    message = str(failed.value)
-    for part in ("checkpoint of step 4 not written", "No space left on device",
-                 "a rerun resumes from step 2", "trainer.keep_checkpoints"):
-        assert part in message, (part, message)
-    assert "\n" not in message
-    monkeypatch.setattr(ocp.CheckpointManager, "save", save)
-    again = _run(micro_config(tmp_path))
-    assert again["resumed_from"] == 2 and again["step"] == 4
-    assert not (tmp_path / "checkpoints" / "4.orbax-checkpoint-tmp").exists()
-    assert _without_timing(read_jsonl(tmp_path / "metrics.jsonl")) == _without_timing(
-        read_jsonl(ref_out / "metrics.jsonl"))
 
 
 def test_a_disk_too_small_for_the_checkpoints_is_named_before_training(tmp_path, monkeypatch):
@@ -489,7 +497,8 @@ def test_export_restores_the_actor_without_envs_or_optimizers(env, reference_run
     else:
         run_dir = tmp_path / "run"
         _run(micro_config(run_dir, steps=1, env=env, extra=(
-            "--config.trainer.val_before_train=False", "--config.rollout.max_turn=2")))
+            "--config.trainer.val_before_train=False", "--config.rollout.max_turn=2",
+            "--config.diagnostics.compute_freq=0")))
 
     def forbidden(*_a, **_k):
         raise AssertionError("export built an env, a sampler or an optimizer")
@@ -569,6 +578,7 @@ from ragen_jax.train import run
 from pathlib import Path
 out = Path({out!r})
 config = micro_config(out, steps=1, extra=("--config.trainer.val_before_train=False",
+                                           "--config.diagnostics.compute_freq=0",
                                            "--config.mesh.data=2", "--config.mesh.fsdp=2",
                                            "--config.mesh.tensor=2"))
 run(config)
@@ -576,11 +586,14 @@ run(config)
 
 
 def test_sharded_run_on_8_devices_matches_one_device(tmp_path):
-    """The same step on a (2, 2, 2) mesh of simulated CPU devices and on one device."""
+    """The same step on a (2, 2, 2) mesh of simulated CPU devices and on one device (the
+    diagnostics on a mesh: tests/test_distributed.py)."""
     single = tmp_path / "single"
-    _run(micro_config(single, steps=1, extra=("--config.trainer.val_before_train=False",)))
+    _run(micro_config(single, steps=1, extra=("--config.trainer.val_before_train=False",
+                                              "--config.diagnostics.compute_freq=0")))
     sharded = tmp_path / "sharded"
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "
+               "--xla_force_host_platform_device_count=8")
     r = subprocess.run([sys.executable, "-c", _SHARDED.format(root=str(ROOT), out=str(sharded))],
                        cwd=ROOT, env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -724,7 +737,8 @@ def test_mixed_countdown_and_sokoban_run(tmp_path):
     per-tag metrics."""
     summary = _run(micro_config(tmp_path, steps=2, env="mixed_countdown", extra=(
         "--config.env.mix.SimpleSokoban.groups=1", "--config.env.mix.Countdown.groups=1",
-        "--config.rollout.max_turn=2", "--config.trainer.val_before_train=False")))
+        "--config.rollout.max_turn=2", "--config.trainer.val_before_train=False",
+        "--config.diagnostics.compute_freq=0")))  # diagnosed on a mix: the test above
     assert summary["step"] == 2
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
     tags = ("SimpleSokoban", "Countdown")
@@ -826,7 +840,7 @@ def test_a_run_with_a_hanging_env_in_its_mix_finishes(tmp_path):
         "--config.env.mix.Countdown.name=hanging_countdown",
         "--config.env.mix.Countdown.params.step_timeout=1.0",
         "--config.rollout.max_turn=2", "--config.trainer.val_before_train=False",
-        "--config.warmstart.steps=0")))
+        "--config.warmstart.steps=0", "--config.diagnostics.compute_freq=0")))
     assert summary["step"] == 2
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
     for s in (1, 2):
