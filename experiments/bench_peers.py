@@ -19,7 +19,7 @@ then, in float32 on the CPU:
    ``starpo.update.make_train_step`` under each ``--train-remat`` policy (Tunix's model at
    its default, no rematerialisation). ``--train-group G``: a GRPO batch, each prompt's G
    answers in a row (Tunix's learner trains such groups, ``num_generations``); ours is then
-   also timed with each group's prompt run once per step (``actor.share_prefix``).
+   also timed with each group's prompt run once per step (``actor.share_prompt_forward``).
    Peak memory: ``jax.devices()[0].memory_stats()`` is None
    on the CPU backend, so the column is XLA's compiled memory analysis of the step
    (arguments + outputs + temporaries - aliased, i.e. what the step needs live at its peak);
@@ -480,7 +480,7 @@ def release_freed_memory() -> None:
 def our_train(model, inputs: dict, args, share: bool = False) -> dict:
     """One optimizer step of ours on the bench's batch; with ``share`` each group's prompt
     (``--train-group`` rows in a row) is a shared prefix, run once per step for the group
-    (``actor.share_prefix``, as the trainer builds it) and the rows hold the completions."""
+    (``actor.share_prompt_forward``, as the trainer builds it) and the rows hold the completions."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -883,7 +883,7 @@ def report(args, ours: dict, theirs: dict, tunix_arrays: dict, peak: float, jax_
         "(ratio 1: minus the token-mean advantage). With `--train-group` above 1 the rows are a "
         "GRPO batch, groups of answers to one prompt: Tunix's loss runs every row's prompt; ours "
         "is timed per row and with each group's prompt run once per step (the trainer's "
-        "`actor.share_prefix`, exact); tokens/s counts the batch's rows x length on both sides.",
+        "`actor.share_prompt_forward`, exact); tokens/s counts the batch's rows x length on both sides.",
         "",
     ]
     return "\n".join(lines)

@@ -18,7 +18,7 @@ chunks, decoding and parsing, batch assembly: everything outside the generate an
     PYTHONPATH=. python experiments/bench_rollout.py --sharing --groups 8 --group-size 16
         # a group's first prompt prefilled once, cache growth in multiples of 128: same seeds
     PYTHONPATH=. python experiments/bench_rollout.py --windows
-        # rollout.context_window full vs limited (k=1, k=2) vs single_turn: same seeds
+        # rollout.window.mode full vs limited (k=1, k=2) vs single_turn: same seeds
 
 Writes ``experiments/results/bench_rollout.md`` and prints the table.
 """

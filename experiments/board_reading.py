@@ -88,7 +88,7 @@ def board_rows(env, env_params, seeds: np.ndarray, walk: int, rng: np.random.Gen
 def encode(env, rows, tokenizer, form: str, num_actions: int) -> dict[str, np.ndarray]:
     """Token rows (all of one length: the grid has a fixed size) and the label masks."""
     if form == "chat":
-        cfg = ContextConfig(enable_think=False, turn_template=base.get_config("tiny").rollout.turn_template)
+        cfg = ContextConfig(enable_think=False, turn_template=base.get_config("tiny").rollout.prompt.turn_template)
         chat = ChatFormat(tokenizer, cfg)
         texts = [chat.next_chunk(user_message(cfg, turn=1, state=env.render_text(s), actions_left=10),
                                  emitted_eot=True) for s, *_ in rows]

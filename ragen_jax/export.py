@@ -27,11 +27,11 @@ from pathlib import Path
 
 from ml_collections import ConfigDict
 
-from ragen_jax.config import load_config, load_run_config
+from ragen_jax.config.loading import load_config, load_run_config
+from ragen_jax.config.schema import DTYPES
 from ragen_jax.models import CheckpointError, hf_folder, save_pretrained
 from ragen_jax.models.lora import merge_lora
 from ragen_jax.models.weights import folder_dtype
-from ragen_jax.schema import DTYPES
 from ragen_jax.train_state import load_policy, stop_ids
 
 

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -34,9 +35,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
-from ragen_jax.rollout.agent import AgentRollout, RolloutConfig, row_state
+from ragen_jax.rollout.agent import AgentRollout, row_state
 from ragen_jax.rollout.batch import Episode, position_ids
-from ragen_jax.rollout.context import ChatFormat, ContextConfig
+from ragen_jax.rollout.config import RolloutConfig
+from ragen_jax.rollout.context import ChatFormat
 from ragen_jax.rollout.scripted import RandomActionPolicy, SolverMixturePolicy
 from ragen_jax.starpo.rows import after_prefix, group_prefix_lengths, prefix_table
 from ragen_jax.starpo.token_scores import token_logprobs
@@ -95,7 +97,7 @@ def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutCon
         metrics.update({k.split("/", 1)[-1]: v for k, v in batch.metrics.items()})
     if observation_rows is not None:
         observation_rows.update(turn_observation_rows(batch.episodes, rollout.chat, system=system_rows,
-                                                      pad_multiple=config.pad_multiple))
+                                                      pad_multiple=config.sampler.prompt_pad_multiple))
     return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
             "position_ids": batch.position_ids, "loss_mask": batch.loss_mask,
             "group_ids": batch.group_ids}
@@ -172,7 +174,7 @@ def conversation_data(path: str | os.PathLike, tokenizer: Any, *, max_len: int,
                       pad_multiple: int = 64) -> dict[str, np.ndarray]:
     """Token arrays from a JSONL of ``{"messages": [...]}`` conversations (see module doc).
     Conversations longer than ``max_len`` tokens are cut there."""
-    chat = ChatFormat(tokenizer, ContextConfig(prefill_tag=False))
+    chat = ChatFormat(tokenizer, dataclasses.replace(RolloutConfig().context, prefill_tag=False))
     rows, masks = [], []
     for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():

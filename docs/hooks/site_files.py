@@ -30,7 +30,7 @@ def on_files(files: Files, config) -> Files:
     import sys
 
     sys.path.insert(0, str(ROOT))  # the worktree's ragen_jax, not an installed copy
-    from ragen_jax.config_reference import reference_markdown
+    from ragen_jax.config.reference import reference_markdown
 
     files.append(File.generated(config, REFERENCE, content=reference_markdown()))
     for folder in BORROWED:

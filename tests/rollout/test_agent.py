@@ -272,11 +272,11 @@ def test_rollout_config_is_the_run_config_section():
         RolloutConfig(8)  # keyword-only
     for bad, message in [({"group_size": 0}, "rollout.group_size must be >= 1, got 0"),
                          ({"max_actions_per_turn": 0}, "rollout.max_actions_per_turn must be"),
-                         ({"val_groups": 0}, "rollout.val_groups must be"),
-                         ({"val_group_size": 0}, "rollout.val_group_size must be"),
-                         ({"temperature": -1.0}, "rollout.temperature must be >= 0"),
-                         ({"top_p": 0.0}, "rollout.top_p must be in"),
-                         ({"top_p": 1.5}, "rollout.top_p must be in")]:
+                         ({"val_groups": 0}, "rollout.val.env_groups must be"),
+                         ({"val_group_size": 0}, "rollout.val.group_size must be"),
+                         ({"temperature": -1.0}, "rollout.sampling.temperature must be >= 0"),
+                         ({"top_p": 0.0}, "rollout.sampling.top_p must be in"),
+                         ({"top_p": 1.5}, "rollout.sampling.top_p must be in")]:
         with pytest.raises(ValueError) as err:
             RolloutConfig(**bad)
         assert str(err.value).startswith(message)

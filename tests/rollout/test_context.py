@@ -55,7 +55,7 @@ def test_system_template_replaces_the_system_message():
     assert parts[2:] == ["Up, Down, Left, Right", "3"]
     coord, _ = make("sokoban", observation_format="coord")  # no grid: no legend
     assert system_message(coord, coord.action_names, ContextConfig(system_template="[{legend}]")) == "[]"
-    with pytest.raises(ValueError, match="rollout.system_template"):
+    with pytest.raises(ValueError, match="rollout.prompt.system_template"):
         RolloutConfig(system_template="{board}")
 
 

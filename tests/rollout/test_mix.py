@@ -124,8 +124,8 @@ def test_inductive_normalisation_groups_rows_by_their_env(slots, tok):
 
 
 def test_two_envs_with_one_tag_are_an_error():
-    from ragen_jax.config import load_config
-    from ragen_jax.schema import ConfigError, from_config_dict
+    from ragen_jax.config.fields import ConfigError
+    from ragen_jax.config.loading import from_config_dict, load_config
     from ragen_jax.train import build_envs
 
     c = load_config(["--config", str(ROOT / "configs/mixed.py"), "--config.env.mix.0.tag=",

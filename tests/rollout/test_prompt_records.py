@@ -25,7 +25,7 @@ def test_length_hint_follows_response_length_unless_set():
     assert RolloutConfig(response_length=37).context.max_tokens_hint == 37
     assert RolloutConfig().context.max_tokens_hint == 400  # RAGEN's response_length
     assert RolloutConfig(response_length=37, max_tokens_hint=50).context.max_tokens_hint == 50
-    with pytest.raises(ValueError, match="rollout.max_tokens_hint must be >= 0"):
+    with pytest.raises(ValueError, match="rollout.prompt.max_tokens_hint must be >= 0"):
         RolloutConfig(max_tokens_hint=-1)
 
 

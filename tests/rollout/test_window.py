@@ -150,10 +150,10 @@ def test_overlong_prompts_truncate_or_end(sokoban, tok, mode):
 
 
 def test_window_config_checks():
-    for bad, message in [({"context_window": "sliding"}, "rollout.context_window must be one of"),
-                         ({"overlong": "drop"}, "rollout.overlong must be one of"),
-                         ({"window_turns": -1}, "rollout.window_turns must be >= 0"),
-                         ({"window_turns": 2}, "rollout.window_turns must be 0 with")]:
+    for bad, message in [({"context_window": "sliding"}, "rollout.window.mode must be one of"),
+                         ({"overlong": "drop"}, "rollout.window.overlong must be one of"),
+                         ({"window_turns": -1}, "rollout.window.turns must be >= 0"),
+                         ({"window_turns": 2}, "rollout.window.turns must be 0 with")]:
         with pytest.raises(ValueError) as err:
             RolloutConfig(**bad)
         assert str(err.value).startswith(message)

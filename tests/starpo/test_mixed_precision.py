@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from ragen_jax.config.schema import ModelConfig
 from ragen_jax.models import compute_copy
-from ragen_jax.schema import ModelConfig
 from ragen_jax.starpo.update import (
     TrainBatch,
     UpdateConfig,
