@@ -53,12 +53,13 @@ from bench_peers import matmul_peak, memory_bandwidth, timed  # noqa: E402
 from bench_sampler import work_gflop  # noqa: E402
 from bench_update import model_config  # noqa: E402
 
+from ragen_jax.config.resolve import update_settings  # noqa: E402
 from ragen_jax.metrics import device_memory  # noqa: E402
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig, compute_copy  # noqa: E402
 from ragen_jax.models.kv_cache import positions_from_mask  # noqa: E402
 from ragen_jax.rollout import Sampler, SamplingParams  # noqa: E402
 from ragen_jax.starpo.token_scores import token_logprobs  # noqa: E402
-from ragen_jax.starpo.update import TrainBatch, UpdateConfig, make_optimizer, make_train_step  # noqa: E402
+from ragen_jax.starpo.update import TrainBatch, make_optimizer, make_train_step  # noqa: E402
 
 SMOKE = dict(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)  # a check
@@ -131,7 +132,7 @@ def train_batch(actor, cfg: QwenConfig, args, rng) -> TrainBatch:
 
 
 def train_step(actor, args, batch: TrainBatch, trace: bool = False) -> dict:
-    ucfg = UpdateConfig(lr=1e-6, micro_batches=args.micro_batches, loss_agg_mode="token-mean")
+    ucfg = update_settings(lr=1e-6, micro_batches=args.micro_batches, loss_agg_mode="token-mean")
     graphdef, params, rest = nnx.split(actor, nnx.Param, ...)
     opt = make_optimizer(ucfg)
     holder = {"p": params, "o": opt.init(params)}

@@ -261,13 +261,13 @@ def tunix_rollout(folder: Path, spec: dict) -> dict:
 
     from ragen_jax.envs import make
     from ragen_jax.models import tokenizer as tokenizers
-    from ragen_jax.rollout.agent import RolloutConfig, train_seeds
+    from ragen_jax.rollout.agent import train_seeds
+    from ragen_jax.rollout.config import RolloutConfig, SamplingConfig
     from ragen_jax.rollout.context import parse_response, system_message, user_message
     from ragen_jax.rollout.env_driver import env_functions
 
     r = spec["rollout"]
-    cfg = RolloutConfig(env_groups=r["groups"], group_size=r["group_size"], max_turn=r["turns"],
-                        response_length=r["response_length"], temperature=0.0)
+    cfg = RolloutConfig(env_groups=r['groups'], group_size=r['group_size'], max_turn=r['turns'], response_length=r['response_length'], sampling=SamplingConfig(temperature=0.0))
     ctx = cfg.context
     tok = tokenizers.load(None)
     env, params = make("sokoban")
@@ -485,11 +485,11 @@ def our_train(model, inputs: dict, args, share: bool = False) -> dict:
     import jax.numpy as jnp
     from flax import nnx
 
+    from ragen_jax.config.resolve import update_settings
     from ragen_jax.starpo.token_scores import token_logprobs
     from ragen_jax.starpo.update import (
         Prefixes,
         TrainBatch,
-        UpdateConfig,
         make_optimizer,
         make_train_step,
     )
@@ -512,7 +512,7 @@ def our_train(model, inputs: dict, args, share: bool = False) -> dict:
                        jnp.asarray(loss_mask)[:, start:], jax.lax.stop_gradient(old_logp)[:, start:],
                        advantages[:, start:],
                        prefix_index=jnp.arange(b, dtype=jnp.int32) // args.train_group if share else None)
-    ucfg = UpdateConfig(lr=args.lr, clip_low=0.2, clip_high=0.2, micro_batches=1,
+    ucfg = update_settings(lr=args.lr, clip_low=0.2, clip_high=0.2, micro_batches=1,
                         loss_agg_mode="token-mean")
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     opt = make_optimizer(ucfg)
@@ -543,10 +543,10 @@ def our_rollout(model, args) -> dict:
     from ragen_jax.envs import make
     from ragen_jax.models import tokenizer as tokenizers
     from ragen_jax.rollout import Sampler
-    from ragen_jax.rollout.agent import AgentRollout, RolloutConfig, train_seeds
+    from ragen_jax.rollout.agent import AgentRollout, train_seeds
+    from ragen_jax.rollout.config import RolloutConfig, SamplingConfig
 
-    cfg = RolloutConfig(env_groups=args.groups, group_size=args.group_size, max_turn=args.turns,
-                        response_length=args.response_length, temperature=0.0)
+    cfg = RolloutConfig(env_groups=args.groups, group_size=args.group_size, max_turn=args.turns, response_length=args.response_length, sampling=SamplingConfig(temperature=0.0))
     tok = tokenizers.load(None)
     env, params = make("sokoban")
     rollout = AgentRollout(env, params, tok, cfg)

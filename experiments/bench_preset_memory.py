@@ -41,13 +41,14 @@ def step_memory(shape: str, rows: int, length: int, micro_batches: int, remat: s
     from bench_update import model_config
     from flax import nnx
 
+    from ragen_jax.config.resolve import update_settings
     from ragen_jax.models import Qwen2ForCausalLM
-    from ragen_jax.starpo.update import TrainBatch, UpdateConfig, make_optimizer, make_train_step
+    from ragen_jax.starpo.update import TrainBatch, make_optimizer, make_train_step
 
     cfg = model_config(shape, dtype=jnp.bfloat16, remat=remat)
     abstract = nnx.eval_shape(lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)))
     graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
-    ucfg = UpdateConfig(micro_batches=micro_batches)
+    ucfg = update_settings(micro_batches=micro_batches)
     opt = make_optimizer(ucfg)
     spec = lambda dtype: jax.ShapeDtypeStruct((rows, length), dtype)  # noqa: E731
     data = TrainBatch(spec(jnp.int32), spec(jnp.bool_), spec(jnp.int32), spec(jnp.float32),

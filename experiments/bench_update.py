@@ -76,8 +76,9 @@ def run_throughput(quick: bool) -> list[str]:
     import jax.numpy as jnp
     from flax import nnx
 
+    from ragen_jax.config.resolve import update_settings
     from ragen_jax.models import Qwen2ForCausalLM
-    from ragen_jax.starpo.update import UpdateConfig, make_optimizer, make_train_step
+    from ragen_jax.starpo.update import make_optimizer, make_train_step
 
     grid = {"tiny": [(8, 256), (32, 256), (8, 1024)], "0.5b": [(1, 256), (2, 256)]}
     if quick:
@@ -87,7 +88,7 @@ def run_throughput(quick: bool) -> list[str]:
     for name, cells in grid.items():
         cfg = model_config(name)
         model = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))
-        ucfg = UpdateConfig(lr=1e-6)
+        ucfg = update_settings(lr=1e-6)
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
         opt = make_optimizer(ucfg)
         opt_state = opt.init(params)
@@ -124,7 +125,8 @@ from bench_update import _batch, model_config
 from ragen_jax.models import Qwen2ForCausalLM
 from ragen_jax.models.placement import param_shardings
 from ragen_jax.sharding import batch_sharding, make_mesh
-from ragen_jax.starpo.update import UpdateConfig, make_optimizer, make_train_step
+from ragen_jax.starpo.update import make_optimizer, make_train_step
+from ragen_jax.config.resolve import update_settings
 
 for name, mesh_shape, batch, length in CASES:
     cfg = model_config(name, param_dtype=jnp.bfloat16, dtype=jnp.bfloat16)
@@ -135,7 +137,7 @@ for name, mesh_shape, batch, length in CASES:
     shardings = param_shardings(params, mesh)
     params = jax.tree.map(lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s), params, shardings,
                           is_leaf=lambda x: isinstance(x, nnx.Variable))
-    ucfg = UpdateConfig(micro_batches=1)
+    ucfg = update_settings(micro_batches=1)
     opt = make_optimizer(ucfg)
     opt_state = jax.eval_shape(opt.init, params)
     opt_state = jax.tree.map(lambda x: x, opt_state)
@@ -160,7 +162,8 @@ import numpy as np
 from flax import nnx
 sys.path.insert(0, ROOT)
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
-from ragen_jax.starpo.update import TrainBatch, UpdateConfig, make_optimizer, make_train_step
+from ragen_jax.starpo.update import TrainBatch, make_optimizer, make_train_step
+from ragen_jax.config.resolve import update_settings
 
 def roofline(n=2048, repeats=5):
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
@@ -183,7 +186,7 @@ def batch_of(b, t, vocab):
 
 for kind, layers, b, t, options in CASES:
     cfg = QwenConfig.qwen2_5_0_5b(**({"num_hidden_layers": layers} if layers else {}), **options)
-    ucfg = UpdateConfig(lr=1e-6)
+    ucfg = update_settings(lr=1e-6)
     opt = make_optimizer(ucfg)
     res = dict(kind=kind, layers=cfg.num_hidden_layers, batch=b, length=t, options=options)
     try:

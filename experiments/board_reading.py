@@ -22,6 +22,7 @@ warm-start data hold) instead of the set of optimal moves.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -32,6 +33,8 @@ import numpy as np
 import optax
 from flax import nnx
 
+from ragen_jax.rollout.config import RolloutConfig
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -41,7 +44,7 @@ from configs import base  # noqa: E402
 from ragen_jax.envs.registry import make  # noqa: E402
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig  # noqa: E402
 from ragen_jax.models import tokenizer as tokenizers  # noqa: E402
-from ragen_jax.rollout.context import ChatFormat, ContextConfig, user_message  # noqa: E402
+from ragen_jax.rollout.context import ChatFormat, user_message  # noqa: E402
 from ragen_jax.rollout.env_driver import JaxEnvDriver, env_functions, row_state  # noqa: E402
 from ragen_jax.rollout.scripted import LegalActions  # noqa: E402
 
@@ -88,7 +91,7 @@ def board_rows(env, env_params, seeds: np.ndarray, walk: int, rng: np.random.Gen
 def encode(env, rows, tokenizer, form: str, num_actions: int) -> dict[str, np.ndarray]:
     """Token rows (all of one length: the grid has a fixed size) and the label masks."""
     if form == "chat":
-        cfg = ContextConfig(enable_think=False, turn_template=base.get_config("tiny").rollout.prompt.turn_template)
+        cfg = dataclasses.replace(RolloutConfig().context, enable_think=False, turn_template=base.get_config('tiny').rollout.prompt.turn_template)
         chat = ChatFormat(tokenizer, cfg)
         texts = [chat.next_chunk(user_message(cfg, turn=1, state=env.render_text(s), actions_left=10),
                                  emitted_eot=True) for s, *_ in rows]

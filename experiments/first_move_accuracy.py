@@ -23,6 +23,7 @@ sampled at the validation temperature (0.5 by default), not greedily.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -33,8 +34,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from ragen_jax.config import legacy  # noqa: E402
 from ragen_jax.envs.registry import make  # noqa: E402
 from ragen_jax.envs.solvers import solve  # noqa: E402
+from ragen_jax.rollout.config import RolloutConfig  # noqa: E402
 from ragen_jax.rollout.context import ContextConfig, parse_response  # noqa: E402
 from ragen_jax.rollout.env_driver import env_functions, row_state  # noqa: E402
 from ragen_jax.rollout.scripted import LegalActions  # noqa: E402
@@ -73,10 +76,12 @@ def first_action(answer: str, names: tuple[str, ...], context: ContextConfig) ->
 
 
 def run_context(config: dict) -> ContextConfig:
-    """The parsing settings of the run whose ``config.json`` is ``config``."""
-    rollout, default = config.get("rollout", {}), ContextConfig()
-    return ContextConfig(enable_think=rollout.get("enable_think", default.enable_think),
-                         max_actions_per_turn=rollout.get("max_actions_per_turn", default.max_actions_per_turn))
+    """The parsing settings of the run whose ``config.json`` is ``config`` (of any schema:
+    ``config.legacy.upgrade``)."""
+    rollout, default = legacy.upgrade(config).get("rollout", {}), RolloutConfig()
+    think = rollout.get("prompt", {}).get("enable_think", default.prompt.enable_think)
+    return dataclasses.replace(default.context, enable_think=think, max_actions_per_turn=rollout.get(
+        "max_actions_per_turn", default.max_actions_per_turn))
 
 
 def measure(jsonl: Path, share: float | None) -> dict[str, float]:

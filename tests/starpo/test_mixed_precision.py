@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from ragen_jax.config.resolve import update_settings
 from ragen_jax.config.schema import ModelConfig
 from ragen_jax.models import compute_copy
 from ragen_jax.starpo.update import (
     TrainBatch,
-    UpdateConfig,
     make_optimizer,
     make_train_step,
     token_logprobs,
@@ -49,7 +49,7 @@ def train(model_config: ModelConfig, lr: float, steps: int):
     batch = batch_for(actor)
     graphdef, params, rest = nnx.split(actor, nnx.Param, ...)
     before = jax.tree.map(np.asarray, params)
-    config = UpdateConfig(lr=lr, weight_decay=0.0, entropy_coeff=0.0)
+    config = update_settings(lr=lr, weight_decay=0.0, entropy_coeff=0.0)
     step = make_train_step(graphdef, config)
     opt_state = make_optimizer(config).init(params)
     losses = []
