@@ -43,6 +43,7 @@ from ragen_jax.checkpoint import (
 )
 from ragen_jax.collapse_monitor import KINDS, CollapseMonitor
 from ragen_jax.compilation import CompileWatch, enable_persistent_cache, progress_note
+from ragen_jax.config import legacy
 from ragen_jax.config.fields import ConfigError
 from ragen_jax.config.loading import from_config_dict, to_config_dict, use_run_snapshot
 from ragen_jax.config.resolve import micro_batch_warning, resolve
@@ -85,8 +86,12 @@ ROLLOUT_COUNTS = tuple(f"rollout/{k}" for k in (
 # warm-start's cache key takes them at RolloutConfig's defaults, so runs that differ only in
 # them share the prior. tests/test_sft.py checks the data is the same. (Which levels validation
 # holds out does change the data: the key takes the held-out level ids themselves.)
-_PRIOR_FREE_ROLLOUT = {name: getattr(RolloutConfig(), name) for name in (
-    "window", "use_turn_scores", "env_groups", "group_size", "val")}
+_DEFAULT_ROLLOUT = RolloutConfig()
+_PRIOR_FREE_ROLLOUT = {
+    **{name: getattr(_DEFAULT_ROLLOUT, name) for name in ("window", "use_turn_scores",
+                                                          "env_groups", "group_size")},
+    "val": {name: getattr(_DEFAULT_ROLLOUT.val, name) for name in ("env_groups", "group_size",
+                                                                   "temperature")}}
 
 
 class Trainer:
@@ -327,15 +332,16 @@ class Trainer:
         for name, is_unset in unset.items():  # fields added later: unset, the key stays as before
             if is_unset:
                 warmstart.pop(name)
-        rollout = dataclasses.replace(self.plan.rollout, **_PRIOR_FREE_ROLLOUT)
-        context = repr(rollout)
+        rollout = self.plan.rollout.replace(_PRIOR_FREE_ROLLOUT)
+        context = legacy.flat_rollout_repr(rollout)  # as keyed before its sections
         if not rollout.prompt.system_template:  # likewise a rollout field added later
             context = context.replace("system_template='', ", "")
         if not rollout.sampling.stop_strings:  # likewise (on, it cuts the scripted answers: keyed)
             context = context.replace("stop_strings=(), ", "")
         # How the sampler holds a group's prompt changes no sample: not part of the key.
-        context = context.replace(f"share_prompt_cache={rollout.sampler.share_prompt_cache}", "")
-        key = sft.cache_key(model=dataclasses.asdict(run.model), env=dataclasses.asdict(run.env),
+        context = context.replace(f"group_prefix={rollout.sampler.share_prompt_cache}, ", "")
+        env = legacy.flat_env(dataclasses.asdict(run.env))  # as keyed before the sections
+        key = sft.cache_key(model=dataclasses.asdict(run.model), env=env,
                             context=context, warmstart=warmstart,
                             vocab=sorted(self.tokenizer.get_vocab().items()),
                             held_out=hashlib.sha256(np.sort(self.held_out).tobytes()).hexdigest())

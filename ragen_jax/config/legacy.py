@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from ragen_jax.config.fields import dotted
 from ragen_jax.starpo.normalization import PRESETS
 
 # old field path -> new field path
@@ -123,3 +124,37 @@ def renamed_field(field: str) -> str | None:
         return ("removed: set --config.algorithm.reward_norm_grouping and "
                 f"--config.algorithm.reward_norm_method ({table})")
     return None
+
+
+# RolloutConfig's fields in their order before the sections (``flat_rollout_repr``).
+FLAT_ROLLOUT = ("env_groups", "group_size", "max_turn", "max_actions_per_traj",
+                "max_actions_per_turn", "response_length", "stop_strings", "max_model_len",
+                "temperature", "top_p", "top_k", "enable_think", "format_penalty",
+                "turn_template", "system_template", "max_tokens_hint", "max_answer_chars",
+                "use_turn_scores", "train_seed", "val_seed", "held_out_val", "val_groups",
+                "val_group_size", "val_temperature", "pad_multiple", "cache_multiple",
+                "group_prefix", "context_window", "window_turns", "overlong")
+
+
+def flat_rollout_repr(rollout: Any) -> str:
+    """``rollout`` (a ``RolloutConfig``) as its ``repr`` read before the rollout section was
+    split by subject: the text the warm-start cache keys of existing caches were made from."""
+    def value(name: str) -> Any:
+        node = rollout
+        for part in RENAMED.get(f"rollout.{name}", f"rollout.{name}").split(".")[1:]:
+            node = getattr(node, part)
+        return node
+
+    return "RolloutConfig(" + ", ".join(f"{name}={value(name)!r}" for name in FLAT_ROLLOUT) + ")"
+
+
+def flat_env(env: dict) -> dict:
+    """``dataclasses.asdict`` of an ``EnvConfig`` as it read before the rename: each
+    ``env.mix`` entry's ``val_groups`` None as -1, its own rollout values by their flat names
+    (the warm-start cache keys of existing caches were made from it)."""
+    flat = {new: old for old, new in RENAMED.items() if old.startswith("rollout.")}
+    mix = [e | {"val_groups": -1 if e["val_groups"] is None else e["val_groups"],
+                "rollout": {flat.get(f"rollout.{k}", f"rollout.{k}").split(".", 1)[1]: v
+                            for k, v in dotted(e["rollout"]).items()}}
+           for e in env["mix"]]
+    return env | {"mix": type(env["mix"])(mix)}

@@ -1,7 +1,6 @@
 """Stop strings: the per-token automaton against ``text.find`` on decoded prefixes, the sampler
 stopping exactly there, and what the trajectory records (loss mask, inserted end-of-turn)."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp

@@ -1,7 +1,6 @@
 """Context windows: each mode's prompts token-exact against the chat template, cache reuse,
 over-long prompts, and turn rows whose stored log-probs match a fresh forward pass."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp

@@ -130,7 +130,8 @@ _SHARDED = textwrap.dedent("""
     from tests.starpo.test_update import make_case
     from ragen_jax.models import shard_model
     from ragen_jax.sharding import make_mesh, shard_batch
-    from ragen_jax.starpo.update import UpdateConfig, make_optimizer, make_train_step
+    from ragen_jax.config.resolve import update_settings
+    from ragen_jax.starpo.update import make_optimizer, make_train_step
 
     out = {{}}
     for shape in [(1, 1, 1), (8, 1, 1), (2, 2, 2), (1, 4, 2)]:
