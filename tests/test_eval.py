@@ -18,7 +18,7 @@ def test_eval_writes_metrics_trajectories_and_viewer(tmp_path, capsys):
     assert "Sokoban/success" in printed and "tiny random model" in printed
     assert printed.startswith("compute dtype: float32 (model.dtype=float32, on XLA:CPU)\n")
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["episodes"] == 4 and metrics["config"]["rollout"]["val_temperature"] == 0.5
+    assert metrics["episodes"] == 4 and metrics["config"]["rollout"]["val"]["temperature"] == 0.5
     for key in ("success", "num_actions", "action_is_effective", "action_is_valid",
                 "format_error_rate", "pass@2", "response_length", "episodic_return"):
         assert f"Sokoban/{key}" in metrics["metrics"], key

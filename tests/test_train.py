@@ -415,7 +415,8 @@ def test_ppo_with_critic_lora_and_kl_runs(tmp_path):
 
 
 @pytest.mark.parametrize("estimator, extra", [
-    ("reinforce_plus_plus_baseline", ("--config.algorithm.reward_norm_preset=BRPO",
+    ("reinforce_plus_plus_baseline", ("--config.algorithm.reward_norm_grouping=batch",  # BRPO
+                                      "--config.algorithm.reward_norm_method=mean_std",
                                       "--config.filter.metric=entropy_variance")),
     ("reinforce_plus_plus", ("--config.algorithm.reward_norm_grouping=state",
                              "--config.algorithm.reward_norm_method=asym_clip",
@@ -431,7 +432,7 @@ def test_reward_normalisation_estimators_and_entropy_filter_run(tmp_path, estima
         for key in ("actor/pg_loss", "rollout/in_group_entropy_mean", "rollout/in_group_entropy_std"):
             assert np.isfinite(metrics[step][key]), key
         assert metrics[step]["rollout/in_group_entropy_mean"] > 0
-        if "BRPO" in extra[0]:  # the update sees batch z-scores: mean 0 over the unfiltered batch
+        if "batch" in extra[0]:  # the update sees batch z-scores: mean 0 over the unfiltered batch
             assert abs(metrics[step]["critic/score_mean"]) < 1e-5
         else:  # one group of two kept; its scores are z-scores clamped to [-1, 3]
             assert metrics[step]["rollout/filter_kept_count"] == 1
