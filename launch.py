@@ -37,7 +37,7 @@ def main(argv: list[str]) -> None:
         from ragen_jax.config.fields import ConfigError
         from ragen_jax.config.loading import config_for_print, from_config_dict
         from ragen_jax.config.resolve import resolve
-        from ragen_jax.train_state import check_model_folder
+        from ragen_jax.policy import check_model_folder
 
         run_config = from_config_dict(config)  # every field checked, one-line errors
         check_model_folder(run_config.model)  # config.json, architecture, tokenizer files

@@ -27,7 +27,7 @@ PRESETS = ("tiny", "smollm2-135m", "qwen2.5-0.5b-cpu", "qwen2.5-0.5b", "qwen2.5-
            "qwen2.5-3b", "qwen2.5-7b")
 # Update passes per mini-batch of 32 rows (actor and critic), so that one device holds the
 # update of the presets' longest rows (5 turns of 400 tokens after the prompts: ~2.6k tokens).
-# XLA's memory analysis of the actor step at 32 such rows (experiments/bench_preset_memory.py):
+# XLA's memory analysis of the actor step at 32 such rows (experiments/benchmarks/bench_preset_memory.py):
 # 0.5B needs ~140 GiB in one pass, ~25 GiB in 8; 1.5B ~44 GiB in 16; 3B ~71 GiB a row at a
 # time (with the sampler's bf16 copy and cache beside it, more than one 80 GB device: shard
 # it); 7B's weights and AdamW state alone are ~85 GiB (shard them: --config.mesh.fsdp=N).
@@ -63,13 +63,13 @@ def apply_preset(c: ConfigDict, preset: str) -> None:
             cpu_preset(c, preset)
         return
     # A laptop CPU: a random 4-layer width-128 Qwen2 learns the answer format from a short
-    # warm-start, then RL. Measured on 2 cores (experiments/learning_curves.py): Adam's
+    # warm-start, then RL. Measured on 2 cores (experiments/studies/learning_curves.py): Adam's
     # first steps are sign-like, so lr above ~3e-4 scrambles the warm-started policy; one
     # optimizer step per 64-episode batch; Dr.GRPO (no std division) because with the
     # bandit's rare payoffs GRPO's std division blows up groups that differ by 0.1 only.
     c.rollout.prompt.enable_think = False  # a random model has no reasoning to show
     # Four layers: the unrolled forward compiles faster on a CPU than the scan
-    # (experiments/bench_update.py) and is the computation the tiny results were measured with.
+    # (experiments/benchmarks/bench_update.py) and is the computation the tiny results were measured with.
     c.model.scan_layers = False
     # A random model cannot read the per-turn format reminder (~35 tokens a turn): drop it,
     # which shortens FrozenLake trajectories by a fifth, ~800 -> ~650 tokens (the system

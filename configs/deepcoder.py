@@ -1,5 +1,5 @@
 """DeepCoder (RAGEN's tag ``DeepCoder``, ``_10_deepcoder.yaml``): write a Python program for a
-coding problem; it runs confined (``ragen_jax.envs.code_sandbox``: Landlock, seccomp, CPU /
+coding problem; it runs confined (``ragen_jax.envs.host.code_sandbox``: Landlock, seccomp, CPU /
 memory / output limits, a fresh process per program) against the problem's tests; the reward
 is the fraction passed, success is passing all. A host environment
 (``ragen_jax.envs.deepcoder``) on a local JSONL or parquet file in DeepCoder-Preview's fields

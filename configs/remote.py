@@ -1,8 +1,8 @@
-"""An env served over HTTP (``python -m ragen_jax.envs.serve ENV``), trained with another env
+"""An env served over HTTP (``python -m ragen_jax.envs.host.serve ENV``), trained with another env
 config's settings: ``--config configs/remote.py:countdown`` takes ``configs/countdown.py``'s
 tiny preset, ``:countdown/qwen2.5-0.5b`` another of its presets, and plays the env at
 ``--config.env.params.url`` (default ``http://127.0.0.1:8000``; ``timeout``, ``connect_timeout``,
-``retries`` and ``token`` are the other params, ``ragen_jax.envs.remote``; a server's token is
+``retries`` and ``token`` are the other params, ``ragen_jax.envs.host.remote``; a server's token is
 better given as ``RAGEN_JAX_ENV_TOKEN`` in the environment, out of the saved config). The served
 env's own parameters are the server's (``--param``), not this config's.
 

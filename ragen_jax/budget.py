@@ -78,7 +78,8 @@ def _n(count: int, word: str) -> str:
 
 def architecture(plan: Resolved) -> QwenConfig:
     """The run's model shapes: the folder's ``config.json`` or the tiny model's fields."""
-    from ragen_jax.train_state import load_model_config, tiny_config
+    from ragen_jax.models.weights import load_config as load_model_config
+    from ragen_jax.policy import tiny_config
 
     model = plan.run.model
     return load_model_config(model.path) if model.path else tiny_config(model)

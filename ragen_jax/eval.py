@@ -41,11 +41,12 @@ from ragen_jax.config.resolve import resolve
 from ragen_jax.config.schema import compute_dtype
 from ragen_jax.host_memory import return_large_frees_to_os
 from ragen_jax.models import CheckpointError, compute_copy
-from ragen_jax.rollout.agent import AgentRollout, RolloutBatch
+from ragen_jax.policy import build_actor, load_policy, load_tokenizer, stop_ids
+from ragen_jax.rollout.agent import AgentRollout
+from ragen_jax.rollout.batch import RolloutBatch
 from ragen_jax.rollout.mix import EnvSlot, collect_val
 from ragen_jax.rollout.sampler import Sampler
 from ragen_jax.train import build_envs, write_trajectories
-from ragen_jax.train_state import build_actor, load_policy, load_tokenizer, stop_ids
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "sokoban.py"
 

@@ -32,7 +32,7 @@ from ragen_jax.config.schema import DTYPES
 from ragen_jax.models import CheckpointError, hf_folder, save_pretrained
 from ragen_jax.models.lora import merge_lora
 from ragen_jax.models.weights import folder_dtype
-from ragen_jax.train_state import load_policy, stop_ids
+from ragen_jax.policy import load_policy, stop_ids
 
 
 def export(run_dir: str | Path, out: str | Path, step: int | None = None,

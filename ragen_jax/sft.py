@@ -35,14 +35,15 @@ from jax.sharding import NamedSharding, PartitionSpec
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
-from ragen_jax.rollout.agent import AgentRollout, row_state
+from ragen_jax.rollout.agent import AgentRollout
 from ragen_jax.rollout.batch import Episode, position_ids
 from ragen_jax.rollout.config import RolloutConfig
 from ragen_jax.rollout.context import ChatFormat
+from ragen_jax.rollout.env_driver import row_state
 from ragen_jax.rollout.scripted import RandomActionPolicy, SolverMixturePolicy
+from ragen_jax.starpo.optimizer_step import Prefixes
 from ragen_jax.starpo.rows import after_prefix, group_prefix_lengths, prefix_table
 from ragen_jax.starpo.token_scores import token_logprobs
-from ragen_jax.starpo.update import Prefixes
 
 
 def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutConfig,

@@ -3,7 +3,7 @@
 A training step: play the step's env groups with the current policy (rollout), keep the
 groups whose rewards carry signal (StarPO-S / SNR filtering), build the update's rows, and
 run the jitted update (old log-probs, reference, values, advantages, critic and actor
-epochs: ``starpo.step``). Every ``test_freq`` steps validation on the fixed seeds, every
+epochs: ``starpo.update``). Every ``test_freq`` steps validation on the fixed seeds, every
 ``save_freq`` steps an orbax checkpoint.
 
 Reproducibility: everything random is a function of ``(seed, step)`` (env seeds, sampling,
@@ -54,9 +54,10 @@ from ragen_jax.envs import make
 from ragen_jax.host_memory import return_large_frees_to_os
 from ragen_jax.metrics import MetricsLogger, device_memory, make_sinks
 from ragen_jax.models import compute_copy, hf_folder
+from ragen_jax.policy import build_actor, build_state, load_tokenizer, stop_ids, trained
 from ragen_jax.progress import Phase
-from ragen_jax.rollout.agent import AgentRollout, RolloutBatch
-from ragen_jax.rollout.batch import padding_fraction
+from ragen_jax.rollout.agent import AgentRollout
+from ragen_jax.rollout.batch import RolloutBatch, padding_fraction
 from ragen_jax.rollout.config import RolloutConfig
 from ragen_jax.rollout.mix import (
     EnvSlot,
@@ -72,8 +73,7 @@ from ragen_jax.starpo import gradient_analysis
 from ragen_jax.starpo.filtering import ENTROPY_METRICS, filter_groups, trajectory_entropies
 from ragen_jax.starpo.normalization import normalize_batch
 from ragen_jax.starpo.rows import build_step_batch, calibrate_widths
-from ragen_jax.starpo.step import make_update
-from ragen_jax.train_state import build_actor, build_state, load_tokenizer, stop_ids, trained
+from ragen_jax.starpo.update import make_update
 from ragen_jax.viewer import render_html
 
 # Rollout metrics that count (summed over processes); the others are per-episode means.

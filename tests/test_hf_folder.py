@@ -51,8 +51,8 @@ def folder_config(model: Path, out: Path, *, steps: int = 2, extra: tuple = ()):
 
 def test_folder_tokenizer_and_stop_ids(folder):
     from ragen_jax.config.schema import ModelConfig
+    from ragen_jax.policy import load_tokenizer, stop_ids
     from ragen_jax.rollout.context import ChatFormat
-    from ragen_jax.train_state import load_tokenizer, stop_ids
 
     model = ModelConfig(path=str(folder))
     tok = load_tokenizer(model)
@@ -98,9 +98,9 @@ def test_export_eval_and_resume_after_the_folder_moved(trained, tmp_path):
     from ragen_jax import eval as ragen_eval
     from ragen_jax.config.loading import load_run_config
     from ragen_jax.export import main as export_main
+    from ragen_jax.policy import load_policy
     from ragen_jax.rollout.sampler import Sampler, SamplingParams
     from ragen_jax.train import run
-    from ragen_jax.train_state import load_policy
 
     model_path, out = trained
     default = export_main(["--checkpoint", str(out), "--out", str(tmp_path / "hf16")])
@@ -215,7 +215,7 @@ def test_an_unreadable_file_of_the_folder_is_named(hub_folder, tmp_path, name):
     check (the tokenizer's loader names none, so the folder's files are read to find it)."""
     from ragen_jax.config.schema import ModelConfig
     from ragen_jax.models import CheckpointError
-    from ragen_jax.train_state import check_model_folder
+    from ragen_jax.policy import check_model_folder
 
     bad = tmp_path / "bad"
     shutil.copytree(hub_folder, bad)
@@ -257,8 +257,8 @@ def test_other_families_train_and_export_as_themselves(model_type, tmp_path):
 
     from ragen_jax.export import main as export_main
     from ragen_jax.models import QwenConfig, positions_from_mask
+    from ragen_jax.policy import load_policy
     from ragen_jax.train import run
-    from ragen_jax.train_state import load_policy
     from tests.qwen25_folder import write_model
 
     kw = dict(attention_bias=True, mlp_bias=True) if model_type == "llama" else dict(head_dim=32)

@@ -1,4 +1,6 @@
-"""Repository hygiene: no import cycles inside ``ragen_jax``, no links to files a clone lacks.
+"""Repository hygiene: no import cycles inside ``ragen_jax`` and ``experiments``, no ``sys.path``
+edits in ``experiments``, every result file linked from the documentation, no links to files a
+clone lacks.
 
 The import graph is read from the source with ``ast``, not by importing: every ``import`` and
 ``from ... import`` counts, at module level or inside a function (an import deferred into a
@@ -11,7 +13,9 @@ from __future__ import annotations
 import ast
 import importlib.util
 import pkgutil
+import re
 import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -99,9 +103,23 @@ def module_imports(name: str, source: str, is_package: bool, known: set[str]) ->
     return deps
 
 
-def import_graph() -> dict[str, set[str]]:
-    """``ragen_jax`` module -> the ``ragen_jax`` modules it imports."""
+def source_modules(folder: str) -> dict[str, tuple[Path, bool]]:
+    """Every module of the package in ``REPO / folder``, read from its files (not imported:
+    the experiments import optional packages): name -> (source file, is a package)."""
+    modules = {}
+    for path in sorted((REPO / folder).rglob("*.py")):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        is_package = parts[-1] == "__init__"
+        modules[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    return modules
+
+
+def import_graph(with_experiments: bool = False) -> dict[str, set[str]]:
+    """``ragen_jax`` module -> the ``ragen_jax`` modules it imports; with ``with_experiments``
+    the ``experiments`` modules too, each with the modules of both that it imports."""
     modules = package_modules()
+    if with_experiments:
+        modules |= source_modules("experiments")
     known = set(modules)
     return {name: module_imports(name, path.read_text(encoding="utf-8"), is_pkg, known)
             for name, (path, is_pkg) in sorted(modules.items())}
@@ -245,12 +263,123 @@ def later():
         module_imports("pkg.a", "from ... import x\n", False, known)
 
 
-def test_no_import_cycles_in_ragen_jax():
-    graph = import_graph()
+def test_no_import_cycles_in_ragen_jax_or_experiments():
+    graph = import_graph(with_experiments=True)
     assert "ragen_jax.models.qwen" in graph and "ragen_jax.starpo.losses" in graph
+    assert "experiments.common" in graph and "experiments.benchmarks.bench_decode" in graph
     cycles = find_cycles(graph)
-    assert not cycles, "import cycles in ragen_jax:\n" + "\n".join(
+    assert not cycles, "import cycles:\n" + "\n".join(
         "  " + " -> ".join(cycle) for cycle in cycles)
+
+
+def defined_names(tree: ast.Module) -> set[str]:
+    """The names a module defines at top level (functions, classes, assignments), not those it
+    imports."""
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+def reexported_imports(modules: Mapping[str, tuple[Path, bool]], files: Iterable[Path]
+                       ) -> list[str]:
+    """``from M import name`` lines, in ``files``, whose ``name`` M only imports from elsewhere:
+    a name is imported from the module that defines it. A package's ``__init__`` is exempt (its
+    names are the package's public surface), as are submodules (``from pkg import module``)."""
+    defined = {}
+    found = []
+    for path in files:
+        for node in _import_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom) or node.level or node.module not in modules:
+                continue
+            source, is_package = modules[node.module]
+            if is_package:
+                continue
+            if node.module not in defined:
+                defined[node.module] = defined_names(ast.parse(source.read_text(encoding="utf-8")))
+            found += [f"{path.relative_to(REPO)}:{node.lineno}: {a.name} from {node.module}"
+                      for a in node.names
+                      if a.name not in defined[node.module] and f"{node.module}.{a.name}" not in modules]
+    return found
+
+
+def test_reexported_imports_are_found(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    files = {"a.py": "import os\nX = 1\ndef f(): pass\n", "b.py": "from a import X, f\n",
+             "c.py": "from a import X\nfrom b import f\nfrom pkg import a\n", "pkg/__init__.py": "from a import X\n",
+             "d.py": "from pkg import X\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    modules = {"a": (tmp_path / "a.py", False), "b": (tmp_path / "b.py", False),
+               "pkg": (tmp_path / "pkg/__init__.py", True), "pkg.a": (tmp_path / "a.py", False)}
+    assert defined_names(ast.parse(files["a.py"])) == {"X", "f"}
+    found = reexported_imports(modules, [tmp_path / n for n in files])
+    assert found == ["c.py:2: f from b"]
+
+
+def test_names_are_imported_from_the_module_that_defines_them():
+    """No module re-exports another's names (a shim that hides where a name lives)."""
+    modules = package_modules() | source_modules("experiments")
+    files = [path for folder in ("ragen_jax", "experiments", "tests", "configs")
+             for path in sorted((REPO / folder).rglob("*.py"))] + [REPO / "launch.py"]
+    found = reexported_imports(modules, files)
+    assert len(files) > 100
+    assert not found, "names imported through a module that does not define them:\n" + \
+        "\n".join("  " + line for line in found)
+
+
+def test_experiments_do_not_edit_sys_path():
+    """The scripts run as modules from the repository root (``python -m experiments...``) and
+    import each other as a package; a ``sys.path`` edit would hide a broken import."""
+    offenders = []
+    for path in sorted((REPO / "experiments").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Attribute) and node.attr == "path"
+                    and isinstance(node.value, ast.Name) and node.value.id == "sys"):
+                offenders.append(f"  {path.relative_to(REPO)}:{node.lineno}")
+    assert not offenders, "sys.path used in experiments:\n" + "\n".join(offenders)
+
+
+# ----------------------------------------------------------------------------------------------
+# Every result file is linked
+# ----------------------------------------------------------------------------------------------
+
+LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)\s]*)?\)")  # a markdown link's target, anchor dropped
+
+
+def linked_results() -> set[Path]:
+    """The files under ``experiments/results`` reached by markdown links from ``docs/`` and the
+    README, following links through the result pages they reach."""
+    results = REPO / "experiments" / "results"
+    todo = [*sorted((REPO / "docs").rglob("*.md")), REPO / "README.md"]
+    seen, reached = set(), set()
+    while todo:
+        page = todo.pop()
+        if page in seen:
+            continue
+        seen.add(page)
+        for target in LINK.findall(page.read_text(encoding="utf-8")):
+            path = (page.parent / target).resolve()
+            if "://" not in target and path.is_relative_to(results) and path.is_file():
+                reached.add(path)
+                if path.suffix == ".md":
+                    todo.append(path)
+    return reached
+
+
+def test_every_result_file_is_linked_from_the_docs():
+    """A result nobody links is a result nobody reads: link it where it belongs (the index is
+    ``docs/results.md``) or delete it (git keeps it)."""
+    results = REPO / "experiments" / "results"
+    # run folders (runs/, runs_<tag>/), logs and temporaries are git-ignored: the files only
+    files = {p.resolve() for p in results.iterdir() if p.is_file() and p.suffix not in (".log", ".tmp")}
+    unlinked = sorted(str(p.relative_to(REPO)) for p in files - linked_results())
+    assert not unlinked, "result files no page links:\n" + "\n".join(f"  {u}" for u in unlinked)
 
 
 # ----------------------------------------------------------------------------------------------

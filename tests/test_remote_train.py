@@ -1,5 +1,5 @@
 """The HTTP env trains: a tiny 2-step Countdown run whose env is served by a separate
-``python -m ragen_jax.envs.serve`` process equals the same run with Countdown in-process.
+``python -m ragen_jax.envs.host.serve`` process equals the same run with Countdown in-process.
 
 "Equal" is exact: every metric of every step (timings aside: the warm-start's losses, the
 training batches' scores, successes and lengths, the update's losses and gradient norms, the

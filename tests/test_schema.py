@@ -18,7 +18,7 @@ from ragen_jax.config.fields import ConfigError
 from ragen_jax.config.loading import config_for_print, from_config_dict, to_config_dict
 from ragen_jax.config.resolve import describe, micro_batch_warning, resolve, update_settings
 from ragen_jax.config.schema import TINY_ONLY_FIELDS, ModelConfig, RunConfig, compute_dtype
-from ragen_jax.starpo.update import UpdateConfig
+from ragen_jax.starpo.optimizer_step import UpdateConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -339,7 +339,7 @@ def test_auto_compute_dtype_is_float32_on_xla_cpu_only():
     assert dtype == "bfloat16" and "model.dtype=auto takes float32 on XLA:CPU" in line
     assert "\n" not in line
     # The backend this test runs on (the CPU) builds an auto model in float32.
-    from ragen_jax.train_state import tiny_config
+    from ragen_jax.policy import tiny_config
 
     assert tiny_config(ModelConfig(dtype="auto", hidden_size=64)).dtype == jnp.float32
 
@@ -471,7 +471,7 @@ def test_parameter_counts_match_the_built_models():
     from flax import nnx
 
     from ragen_jax.budget import parameters
-    from ragen_jax.train_state import build_actor, tiny_config
+    from ragen_jax.policy import build_actor, tiny_config
 
     for model in (ModelConfig(), ModelConfig(hidden_size=64, num_hidden_layers=2, intermediate_size=96),
                   ModelConfig(lora_rank=4)):

@@ -445,9 +445,9 @@ def test_export_loads_in_transformers_with_the_same_greedy_actions(reference_run
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ragen_jax.export import export
+    from ragen_jax.policy import load_policy
     from ragen_jax.rollout.context import ChatFormat
     from ragen_jax.rollout.sampler import Sampler, SamplingParams
-    from ragen_jax.train_state import load_policy
 
     run_dir, _ = reference_run
     hf_dir = export(run_dir, tmp_path / "hf")
@@ -481,12 +481,12 @@ def test_export_restores_the_actor_without_envs_or_optimizers(env, reference_run
 
     import ragen_jax.envs.registry
     import ragen_jax.rollout.sampler
-    import ragen_jax.starpo.step
+    import ragen_jax.starpo.optimizer_step
     import ragen_jax.starpo.update
     import ragen_jax.train
     from ragen_jax.export import main as export_main
     from ragen_jax.models import from_pretrained
-    from ragen_jax.train_state import load_policy
+    from ragen_jax.policy import load_policy
 
     if env == "bandit":
         run_dir = reference_run[0]
@@ -499,8 +499,8 @@ def test_export_restores_the_actor_without_envs_or_optimizers(env, reference_run
         raise AssertionError("export built an env, a sampler or an optimizer")
 
     for module, name in ((ragen_jax.envs.registry, "make"), (ragen_jax.train, "build_envs"),
+                         (ragen_jax.starpo.optimizer_step, "make_optimizer"),
                          (ragen_jax.starpo.update, "make_optimizer"),
-                         (ragen_jax.starpo.step, "make_optimizer"),
                          (ragen_jax.rollout.sampler.Sampler, "__init__")):
         monkeypatch.setattr(module, name, forbidden)
     out = export_main(["--checkpoint", str(run_dir), "--out", str(tmp_path / "hf")])

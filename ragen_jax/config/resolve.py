@@ -2,7 +2,7 @@
 
 ``resolve`` computes every derived value (``Resolved``; ``describe`` writes its notes to the
 run folder's ``settings.txt``): the update's roles and optimizer settings
-(``starpo.update.UpdateConfig``, whose fields take their values from here, not from
+(``starpo.optimizer_step.UpdateConfig``, whose fields take their values from here, not from
 defaults of their own), the reward normalisation, the envs with their groups, the run folder.
 """
 
@@ -18,8 +18,8 @@ from ragen_jax.config.loading import run_folder
 from ragen_jax.config.schema import AlgorithmConfig, MixEntry, RunConfig, env_specs
 from ragen_jax.rollout.config import RolloutConfig
 from ragen_jax.starpo.estimators import NEEDS_CRITIC, AdvantageSettings
-from ragen_jax.starpo.step import StepSettings
-from ragen_jax.starpo.update import UpdateConfig
+from ragen_jax.starpo.optimizer_step import UpdateConfig
+from ragen_jax.starpo.update import StepSettings
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,7 +33,7 @@ from ragen_jax.rollout.config import RolloutConfig
 from ragen_jax.starpo.estimators import ESTIMATORS
 from ragen_jax.starpo.filtering import FilterConfig
 from ragen_jax.starpo.normalization import GROUPINGS, METHODS
-from ragen_jax.starpo.step import SAMPLE_UNITS
+from ragen_jax.starpo.update import SAMPLE_UNITS
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # a dtype's name -> JAX dtype
 COMPUTE_DTYPES = ("auto", *DTYPES)  # model.dtype's values (auto: compute_dtype decides)

@@ -4,7 +4,7 @@ MetaMathQA, DeepCoder, Search, GEM's and TextWorld's games, any Gymnasium env, a
 over HTTP).
 
 The names below load on first use: the JAX envs import gymnax, which starts JAX's backend at
-import, and a host env's worker process (``envs.processes``) imports only the host env it
+import, and a host env's worker process (``envs.host.processes``) imports only the host env it
 builds (``ragen_jax.envs.countdown`` needs no JAX), so it starts light and never forks JAX's
 threads.
 """

@@ -36,7 +36,7 @@ import numpy as np
 
 from ragen_jax.envs.arithmetic import parse
 from ragen_jax.envs.datafile import read_rows
-from ragen_jax.envs.host import HostEnv
+from ragen_jax.envs.host.env import HostEnv
 
 INSTRUCTION = (
     "You are solving the Countdown puzzle. You should use the num list to create an equation "

@@ -22,7 +22,7 @@ text, with ``"\\n\\nStarter code:\\n"`` and the starter code when there is one (
 fallback for rllm's LiveCodeBench prompt). One answer per episode (``max_steps=1``, RAGEN's);
 with more, a failed answer is shown the first failure ("Feedback: ...") and may try again.
 
-Programs run through ``ragen_jax.envs.code_sandbox``: a fresh process per program, Landlock
+Programs run through ``ragen_jax.envs.host.code_sandbox``: a fresh process per program, Landlock
 and seccomp confinement (no files outside its directory, no network, no new processes),
 CPU, memory, file-size and output limits, RAGEN's 3 s per program. The env itself runs in
 the trainer's worker processes (``env.params.isolation="process"``), so even a sandbox
@@ -48,9 +48,14 @@ from typing import Any
 
 import numpy as np
 
-from ragen_jax.envs.code_sandbox import SandboxLimits, TestRun, require_confinement, run_program
 from ragen_jax.envs.datafile import read_rows, row_for_seed
-from ragen_jax.envs.host import HostEnv
+from ragen_jax.envs.host.code_sandbox import (
+    SandboxLimits,
+    TestRun,
+    require_confinement,
+    run_program,
+)
+from ragen_jax.envs.host.env import HostEnv
 
 # RAGEN's env_instruction of the DeepCoder tag.
 INSTRUCTION = ("You are solving a coding task. Provide a complete Python function solution only. "

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ragen_jax.envs.host import HostEnv
+from ragen_jax.envs.host.env import HostEnv
 
 _DIGITS = "0123456789"
 

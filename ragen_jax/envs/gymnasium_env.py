@@ -31,7 +31,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-from ragen_jax.envs.host import HostEnv
+from ragen_jax.envs.host.env import HostEnv
 
 
 class GymnasiumEnv(HostEnv):

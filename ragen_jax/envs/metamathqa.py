@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from ragen_jax.envs.datafile import read_rows, require, row_for_seed
-from ragen_jax.envs.host import HostEnv
+from ragen_jax.envs.host.env import HostEnv
 
 INSTRUCTION = "You are solving Math problems. "  # RAGEN's env_instruction of the MetamathQA tag
 

@@ -27,12 +27,13 @@ from ragen_jax.envs.deepcoder import DeepCoder
 from ragen_jax.envs.frozenlake import FrozenLake
 from ragen_jax.envs.game2048 import Game2048
 from ragen_jax.envs.gem_env import GemEnv
-from ragen_jax.envs.host import HostEnv, HostEnvFamily
+from ragen_jax.envs.host.env import HostEnv
+from ragen_jax.envs.host.family import HostEnvFamily
+from ragen_jax.envs.host.remote import RemoteEnv
 from ragen_jax.envs.metamathqa import MetaMathQA
-from ragen_jax.envs.remote import RemoteEnv
 from ragen_jax.envs.rubiks import RubiksCube
 from ragen_jax.envs.search import Search
-from ragen_jax.envs.sokoban import Sokoban
+from ragen_jax.envs.sokoban.env import Sokoban
 from ragen_jax.envs.sudoku import Sudoku
 from ragen_jax.envs.textworld_env import TextWorldEnv
 
@@ -49,7 +50,7 @@ REGISTRY: dict[str, type[TextEnv] | Callable[..., HostEnv]] = {
     "deepcoder": DeepCoder,
     "gem": GemEnv,
     "textworld": TextWorldEnv,
-    "remote": RemoteEnv,  # an env served by ``python -m ragen_jax.envs.serve``
+    "remote": RemoteEnv,  # an env served by ``python -m ragen_jax.envs.host.serve``
 }
 
 HOST_OPTIONS = ("parallel_friendly", "max_workers", "step_timeout", "isolation", "memory_limit_mb")

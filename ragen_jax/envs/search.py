@@ -46,7 +46,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ragen_jax.envs.datafile import read_rows, require
-from ragen_jax.envs.host import HostEnv
+from ragen_jax.envs.host.env import HostEnv
 
 INSTRUCTION = (
     "You are answering a question with the help of a search engine. Each action is either "

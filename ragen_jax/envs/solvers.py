@@ -2,7 +2,7 @@
 warm-start (``rollout.scripted.SolverMixturePolicy``).
 
 ``solve(env, state)`` dispatches to the env's BFS solver (``frozenlake_solver``,
-``sokoban_solver``, ``rubiks_solver``) or, for 2048, which has no practical optimal solver,
+``sokoban.solver``, ``rubiks_solver``) or, for 2048, which has no practical optimal solver,
 to the scripted baseline's next move (``game2048_baseline``: a one-move list); another env
 takes part by defining a ``solve(state)`` method with the same contract. The solvers live
 apart from the env modules, which they import.
@@ -15,11 +15,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from ragen_jax.envs import frozenlake_solver, game2048_baseline, rubiks_solver, sokoban_solver
+from ragen_jax.envs import frozenlake_solver, game2048_baseline, rubiks_solver
 from ragen_jax.envs.frozenlake import FrozenLake
 from ragen_jax.envs.game2048 import Game2048, host_moves
 from ragen_jax.envs.rubiks import RubiksCube
-from ragen_jax.envs.sokoban import Sokoban
+from ragen_jax.envs.sokoban import solver as sokoban_solver
+from ragen_jax.envs.sokoban.env import Sokoban
 
 SOKOBAN_MAX_STATES = 200_000  # search budget per Sokoban state (6x6 one-box levels need far fewer)
 

@@ -26,7 +26,7 @@ spaces: a given in brackets (``[5]``), a placed value bare, an empty cell ``.``.
 action names, a 9x9 board would need its 729 placements listed in the system message), and
 generating a unique-solution puzzle runs a backtracking solution count for each emptied cell,
 a data-dependent search that ``vmap`` would pad to its worst case; on the host a 9x9 puzzle
-takes milliseconds (``experiments/bench_envs.py``).
+takes milliseconds (``experiments/benchmarks/bench_envs.py``).
 
 Differences from RAGEN: RAGEN's versions differ among themselves (one rewards 1 only for a
 solved board, one uses the +1 / 0.5 / -0.1 / +10 scheme above with overwriting); here filled
@@ -40,7 +40,7 @@ import re
 
 import numpy as np
 
-from ragen_jax.envs.host import HostEnv
+from ragen_jax.envs.host.env import HostEnv
 
 INSTRUCTION = (
     "You are solving a Sudoku puzzle. Fill in the grid so that every row, column, and box "

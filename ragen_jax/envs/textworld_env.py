@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from ragen_jax.envs.host import HostEnv
+from ragen_jax.envs.host.env import HostEnv
 
 INSTRUCTION = ("You are playing a text adventure game. Each answer is one command for the game, "
                "e.g. <answer>open chest</answer> or <answer>go north</answer>; the game lists "

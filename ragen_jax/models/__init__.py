@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ragen_jax.models.copies import compute_copy
+    from ragen_jax.models.hf_folder import CheckpointError
     from ragen_jax.models.kv_cache import KVCache, positions_from_mask
     from ragen_jax.models.placement import shard_model
     from ragen_jax.models.qwen import Qwen2ForCausalLM, Qwen2ForValue, QwenConfig
     from ragen_jax.models.weights import (
-        CheckpointError,
         from_pretrained,
         load_config,
         save_pretrained,

@@ -54,7 +54,7 @@ def decode_layout(model: Qwen2ForCausalLM) -> Qwen2ForCausalLM:
     Why: XLA:CPU runs few-row matmuls (``[B, E] x [E, F]``, B of 8-32) below the memory
     bandwidth in the Hugging Face ``[out, in]`` layout: on the 0.5B shape a batch-8 decode step
     took 72 ms in this layout against 102 ms (the same at batch 1, 45 vs 43 ms; one probe,
-    2026-11-27, XLA's default options; ``experiments/bench_peers.py`` compares whole calls).
+    2026-11-27, XLA's default options; ``experiments/benchmarks/bench_peers.py`` compares whole calls).
     Logits equal the original layout's up to float
     rounding. A copy to compute with, not to save (its tied head is untied)."""
     copy = nnx.merge(*nnx.split(model))

@@ -5,13 +5,13 @@ from ragen_jax.rollout.agent import (
     AgentRollout,
     Policy,
     collect,
-    env_functions,
     train_seeds,
     val_seeds,
 )
 from ragen_jax.rollout.batch import RolloutBatch
 from ragen_jax.rollout.config import RolloutConfig
 from ragen_jax.rollout.context import ChatFormat, ContextConfig, parse_response
+from ragen_jax.rollout.env_driver import env_functions
 from ragen_jax.rollout.sampler import SampleOutput, Sampler, SamplingParams, bucket_length
 from ragen_jax.rollout.scripted import RandomActionPolicy, ScriptedPolicy
 

@@ -9,7 +9,7 @@ One ``AgentRollout.collect`` call plays ``groups x group_size`` episodes of one 
   the uninterrupted one would.
 * **Device / host split.** Envs are reset and stepped by an env driver
   (``rollout.env_driver``): a JAX env is batched with ``vmap`` and jitted once per env object
-  (reset, and a ``lax.scan`` over the turn's action slots); a host env (``envs.host``: Python,
+  (reset, and a ``lax.scan`` over the turn's action slots); a host env (``envs.host.family``: Python,
   free-text actions) runs one instance per row on worker threads, and a row whose env raises
   or hangs past its timeout ends as a recorded failure (``env_error``) while the others play
   on. Generation is the sampler's jitted prefill + ``while_loop``. The host only does small string work: it renders states,
@@ -57,7 +57,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# RolloutBatch is also imported from here (its home is rollout.batch).
 from ragen_jax.rollout.batch import Episode, Piece, RolloutBatch, assemble_batch
 from ragen_jax.rollout.config import RolloutConfig
 from ragen_jax.rollout.context import (
@@ -67,14 +66,11 @@ from ragen_jax.rollout.context import (
     system_message,
     user_message,
 )
-
-# env_functions and row_state are also imported from here (their home is rollout.env_driver).
-from ragen_jax.rollout.env_driver import (  # noqa: F401
+from ragen_jax.rollout.env_driver import (
     EnvDriver,
     JaxEnvDriver,
     StepOutcome,
     TurnActions,
-    env_functions,
     row_state,
 )
 from ragen_jax.rollout.sampler import SampleOutput, SamplingParams
@@ -156,11 +152,11 @@ class _Timer:
 
 
 def make_driver(env: Any, env_params: Any, max_actions_per_turn: int) -> EnvDriver:
-    """The driver of ``env``: ``HostEnvDriver`` for a host env (``envs.host.HostEnvFamily``),
+    """The driver of ``env``: ``HostEnvDriver`` for a host env (``envs.host.family.HostEnvFamily``),
     else ``JaxEnvDriver`` (its turn step ``max_actions_per_turn`` slots wide: one compile)."""
     # Imported here: ragen_jax.envs starts JAX's backend at import, and importing
     # ragen_jax.rollout must not (launch.py reads the config before jax.distributed).
-    from ragen_jax.envs.host import HostEnvFamily
+    from ragen_jax.envs.host.family import HostEnvFamily
 
     if isinstance(env, HostEnvFamily):
         from ragen_jax.rollout.host_driver import HostEnvDriver

@@ -5,7 +5,7 @@ from seeds, step each row with its turn's parsed actions. Two drivers implement 
 
 * ``JaxEnvDriver`` for the pure-JAX ``TextEnv``s: ``vmap``-batched, jitted once per env object
   (``env_functions``), one device call per turn for the whole batch;
-* ``HostEnvDriver`` (``ragen_jax.rollout.host_driver``) for host envs (``envs.host``): one
+* ``HostEnvDriver`` (``ragen_jax.rollout.host_driver``) for host envs (``envs.host.family``): one
   Python instance per row, stepped on worker threads with a timeout, failures recorded per
   episode.
 

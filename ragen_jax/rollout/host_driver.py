@@ -4,7 +4,7 @@ One ``HostEnv`` instance per row (kept between rollouts, replaced after a failur
 the rows' calls (a reset, building the row's instance first when it has none, or the row's
 actions stepped in order until done) run where the family's ``isolation`` puts them:
 
-* ``"process"`` (the default): in worker processes (``envs.processes.ProcessPool``),
+* ``"process"`` (the default): in worker processes (``envs.host.processes.ProcessPool``),
   ``max_workers`` of them when the env is ``parallel_friendly``, else one. A call past
   ``step_timeout`` has its process killed, a crash of the process costs the call, and a fresh
   process takes the place (rebuilding its other rows' instances by replay). The policy sees a
@@ -45,8 +45,9 @@ import jax
 import numpy as np
 
 from ragen_jax.envs import levels
-from ragen_jax.envs.host import HostEnv, HostEnvFamily, HostState
-from ragen_jax.envs.processes import (
+from ragen_jax.envs.host.env import HostEnv
+from ragen_jax.envs.host.family import HostEnvFamily, HostState
+from ragen_jax.envs.host.processes import (
     Histories,
     Job,
     ProcessPool,
@@ -232,7 +233,7 @@ class WorkerEnv:
 
 
 class _ProcessCalls:
-    """Instances in worker processes (``isolation="process"``, ``envs.processes``)."""
+    """Instances in worker processes (``isolation="process"``, ``envs.host.processes``)."""
 
     def __init__(self, family: HostEnvFamily):
         self.pool = ProcessPool(family.factory, family.workers, family.step_timeout,

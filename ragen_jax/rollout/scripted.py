@@ -15,8 +15,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from ragen_jax.rollout.agent import env_functions, row_state
 from ragen_jax.rollout.context import ChatFormat, ContextConfig
+from ragen_jax.rollout.env_driver import env_functions, row_state
 from ragen_jax.rollout.sampler import SampleOutput, SamplingParams, pad_prompts
 from ragen_jax.rollout.stop_strings import StopAutomaton
 

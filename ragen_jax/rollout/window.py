@@ -15,7 +15,7 @@ RAGEN's ``context_window_mode``, three ways to build the prompt of turn t:
   prompt extends the previous turn's sequence and the cache is continued as in ``full``; once
   the window slides, every turn's prompt is a new sequence (its first tokens changed), so the
   whole prompt is prefilled into a fresh cache: a window that drops turns cannot reuse the
-  cache (``experiments/bench_rollout.py --windows`` measures what that costs).
+  cache (``experiments/benchmarks/bench_rollout.py --windows`` measures what that costs).
 * ``single_turn`` (RAGEN's ``single_turn`` with its ``SimpleMemory``): the system message and
   ONE user message in which the last k - 1 turns are summarised
   (``Summary: N step(s) completed so far. Showing the last K turn(s) ... Turn i State: ...

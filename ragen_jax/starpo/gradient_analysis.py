@@ -27,7 +27,7 @@ import optax
 from flax import nnx
 
 from ragen_jax.starpo import losses
-from ragen_jax.starpo.update import (
+from ragen_jax.starpo.optimizer_step import (
     Prefixes,
     TrainBatch,
     UpdateConfig,

@@ -8,7 +8,7 @@ rows), cut to a common width, and placed on the mesh as global arrays.
 A row is a trajectory (``sample_unit="trajectory"``: the rollout's transcript rows) or a
 turn (``"turn"``: ``RolloutBatch.turn_samples()``, each turn's prompt then its answer, with
 every episode's score and group replicated beside them for the episode-level advantages of
-``starpo.step``). Filtering keeps or drops whole groups either way.
+``starpo.update``). Filtering keeps or drops whole groups either way.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import numpy as np
 from jax.sharding import Mesh
 
 from ragen_jax import distributed as dist
-from ragen_jax.rollout.agent import RolloutBatch
+from ragen_jax.rollout.batch import RolloutBatch
 from ragen_jax.rollout.sampler import bucket_length
 from ragen_jax.shapes import HighWater
-from ragen_jax.starpo.step import SAMPLE_UNITS, Episodes, StepBatch
-from ragen_jax.starpo.update import Prefixes, interleave
+from ragen_jax.starpo.optimizer_step import Prefixes, interleave
+from ragen_jax.starpo.update import SAMPLE_UNITS, Episodes, StepBatch
 
 
 def select_rows(keep_groups: np.ndarray, group_ids: np.ndarray, multiple: int,

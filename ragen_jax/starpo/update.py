@@ -1,26 +1,29 @@
-"""The StarPO update: one pure, jitted ``update(state, batch) -> (state, metrics)``.
+"""A training step's optimisation as one pure function: ``update(state, batch)``.
 
-Pieces, each a small function unit-tested on its own:
+``TrainState`` is every array a run trains or keeps between steps (the actor's trained
+variables and optimizer state, the optional critic and its optimizer state, the optional
+frozen reference, the step counter); ``Networks`` holds what never changes (graph
+definitions and untrained variables, e.g. the frozen base weights under LoRA).
+``make_update(settings, networks, mesh)`` returns the jitted
 
-* ``make_train_step(graphdef, config)``: one optimizer step of the actor (clipped PPO
-  surrogate, entropy bonus, optional KL to a reference) or, with ``critic_objective``, of the
-  critic (clipped value loss), aggregated exactly over ``micro_batches`` gradient-accumulation
-  chunks, then optax (global-norm clipping, Adam, decoupled weight decay) wrapped in
-  ``optax.apply_if_finite`` so that a non-finite loss or gradient skips the update and is
-  counted instead of poisoning the weights. The learning rate is an argument of the step
-  (``learning_rate(config, training_step)``), so schedules count training steps, as veRL's
-  scheduler does, whatever the number of mini-batches a filtered batch yields.
-* ``make_update(settings, networks, mesh)``: a whole training step's optimisation as one
-  jitted function of a ``TrainState`` and a ``StepBatch``: old log-probs (recomputed or the
-  sampler's), reference log-probs, critic values, advantages (``starpo.estimators``), then
-  ``ppo_epochs`` passes of mini-batch steps of the critic and the actor (a ``lax.scan``).
-  Optional roles are decided when it is built: a critic or none, a reference or none
-  (``"frozen_copy"`` of the starting actor, or ``"adapters_off"``: the LoRA actor with its
-  adapters disabled). Metrics stay on device.
+    update(state, batch: StepBatch, *, train_actor=True, analyse_gradients=False)
+        -> (state, metrics)
 
-Sharding: with ``mesh`` given, batches are pinned to ``("data", "fsdp")`` and new parameters
-to their NNX partition specs (``with_sharding_constraint``), so XLA keeps parameters,
-gradients and optimizer state sharded the same way on 1 device, 8 simulated devices or a pod.
+which reads like the algorithm: old log-probs (recomputed, or the sampler's), reference
+log-probs, critic values, advantages, critic epochs, actor epochs. Each optional role is a
+function chosen once when the update is built. Metrics stay on device (one fetch per step).
+
+**Turn-wise rows** (``algorithm.sample_unit=turn``): a row is one turn, its prompt (the
+context window it was given) then its answer, loss-masked to the answer. Advantages follow
+RAGEN V2's turn samples: every turn row of an episode carries the episode's score. A critic-free
+estimator (GRPO, Dr.GRPO, RLOO, ...) runs on the episodes, each counted once (RAGEN's
+``episode_ids`` de-duplication: an episode with more turns does not weigh more in its group's
+mean and std), and each turn row gets its episode's advantage on its answer tokens. GAE runs
+per row, the score on the answer's last token and the critic's values of that row (RAGEN
+places the episode score on each turn sample's last token). With the full context and
+trajectory-level advantages, the turn rows' policy gradient equals the trajectory rows' under
+token-mean aggregation (the same tokens, log-probs, advantages and token count;
+``tests/starpo/test_turn_rows.py``); sequence-mean modes weigh rows, so they differ.
 """
 
 from __future__ import annotations
@@ -32,374 +35,261 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
-import optax
 from flax import nnx
 from jax.sharding import Mesh
 
-from ragen_jax.models.kv_cache import positions_from_mask
-from ragen_jax.models.placement import param_shardings
-from ragen_jax.models.qwen import Qwen2ForCausalLM, Qwen2ForValue, SharedPrefix
-from ragen_jax.sharding import batch_sharding
-from ragen_jax.starpo import losses
+from ragen_jax.models.lora import without_adapters
+from ragen_jax.starpo import gradient_analysis as grad_lib
+from ragen_jax.starpo.estimators import (
+    NEEDS_CRITIC,
+    AdvantageInputs,
+    AdvantageSettings,
+    compute_advantages,
+)
+from ragen_jax.starpo.losses import masked_mean
+from ragen_jax.starpo.optimizer_step import (
+    CriticBatch,
+    Prefixes,
+    TrainBatch,
+    UpdateConfig,
+    critic_objective,
+    learning_rate,
+    make_optimizer,
+    make_optimizer_step,
+    mini_batch_epochs,
+    rows_prefix,
+    shared_prefix_arrays,
+    token_values,
+)
 from ragen_jax.starpo.token_scores import token_logprobs
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class UpdateConfig:
-    """One role's optimisation settings, resolved from the run config by
-    ``config.resolve.resolve``, which gives every field without a default here (its default is
-    the run config's: ``config.resolve.update_settings`` gives the default run's, for direct
-    use in tests and benchmarks). ``total_steps`` and ``warmup_steps`` count training steps."""
+@flax.struct.dataclass
+class TrainState:
+    """Every array a run carries from one training step to the next (a pytree)."""
 
-    lr: float
-    lr_schedule: str  # "constant" or "cosine": linear warmup, cosine decay to 0
-    warmup_steps: int
-    total_steps: int = 0  # optimizer steps, for "cosine"
-    b1: float = 0.9
-    b2: float = 0.999
-    weight_decay: float
-    grad_clip: float
-    clip_low: float
-    clip_high: float
-    clip_c: float
-    entropy_coeff: float
-    kl_coef: float
-    kl_estimator: str
-    loss_agg_mode: str
-    micro_batches: int
-    temperature: float
-    value_clip: float  # critic only
-    max_consecutive_nonfinite: int = 1000
+    step: jax.Array  # [] int32, training steps done
+    actor: Any  # nnx.State: the actor's trained variables (all Params, or the LoRA adapters)
+    actor_opt: Any  # its optax state
+    critic: Any = None  # nnx.State of the critic's Params; None without a critic
+    critic_opt: Any = None
+    reference: Any = None  # frozen copy of the starting actor; None if no KL or under LoRA
 
-    def __post_init__(self):
-        if self.loss_agg_mode not in losses.AGG_MODES:
-            raise ValueError(f"update.loss_agg_mode must be one of {losses.AGG_MODES}, got {self.loss_agg_mode!r}")
-        if self.kl_estimator not in losses.KL_ESTIMATORS:
-            raise ValueError(f"update.kl_estimator must be one of {losses.KL_ESTIMATORS}, got {self.kl_estimator!r}")
-        if self.lr_schedule not in ("constant", "cosine"):
-            raise ValueError(f"update.lr_schedule must be 'constant' or 'cosine', got {self.lr_schedule!r}")
-        if self.lr_schedule == "cosine" and self.total_steps <= self.warmup_steps:
-            raise ValueError("update.total_steps must exceed update.warmup_steps for the cosine schedule")
-        if self.micro_batches < 1:
-            raise ValueError(f"update.micro_batches must be >= 1, got {self.micro_batches}")
-        if not self.temperature > 0:
-            raise ValueError(f"rollout.sampling.temperature must be > 0 for training (the update divides "
-                             f"the logits by it), got {self.temperature}; validation may be "
-                             "greedy with rollout.val.temperature=0")
 
+@dataclasses.dataclass(frozen=True)
+class Networks:
+    """The unchanging halves of the models (``nnx.split``): graph definitions and the
+    variables that are not trained."""
+
+    actor: Any  # GraphDef
+    actor_rest: Any  # nnx.State
+    critic: Any = None
+    critic_rest: Any = None
+
+
+SAMPLE_UNITS = ("trajectory", "turn")
 
 
 @flax.struct.dataclass
-class TrainBatch:
-    """One update's data, ``[B, L]`` over token slots (real tokens form a prefix per row).
+class Episodes:
+    """Every episode of a step (all processes'), for turn rows' episode-level advantages."""
 
-    ``loss_mask`` is 1 on sampled tokens (times any filter weight); ``old_logp`` the log-probs
-    the sampler recorded (or recomputed before the update), ``ref_logp`` the reference
-    policy's (None when the run has no reference)."""
+    scores: jax.Array  # [E] float32
+    group_ids: jax.Array  # [E] int32, global group ids
+
+
+@flax.struct.dataclass
+class StepBatch:
+    """One step's training rows, ``[B, L]`` token slots (real tokens a prefix per row)."""
 
     input_ids: jax.Array  # [B, L] int32
     attention_mask: jax.Array  # [B, L] bool
     positions: jax.Array  # [B, L] int32
-    loss_mask: jax.Array  # [B, L] float32
-    old_logp: jax.Array  # [B, L] float32
-    advantages: jax.Array  # [B, L] float32
-    ref_logp: jax.Array | None = None  # [B, L] float32; None without a reference policy
-    prefix_index: jax.Array | None = None  # [B] int32: the rows continue these shared prefixes
-    # Static: every micro-batch of a step but its longest fits in this many slots
-    # (``long_rows_apart``); None: all micro-batches at the full width L.
+    loss_mask: jax.Array  # [B, L] float32, 1 on the sampled tokens of the rows that train
+    sampler_logp: jax.Array  # [B, L] float32, log_softmax(logits / T) the sampler saw
+    token_rewards: jax.Array  # [B, L] float32
+    turn_end: jax.Array  # [B, L] float32, 1 on each turn's last sampled token
+    scores: jax.Array  # [B] float32
+    group_ids: jax.Array  # [B] int32, global group ids
+    bucket_ids: jax.Array  # [B] int32, reward-std bucket of the row's group (gradient analysis)
+    advantage_scale: jax.Array  # [B] float32, the filter's loss scaling (RAGEN scales advantages)
+    # With shared prefixes (``rows.build_step_batch``), the [B, L] arrays hold what follows
+    # each row's prefix ``prefixes[prefix_index[b]]`` (its group's first prompt).
+    prefix_index: jax.Array | None = None  # [B] int32
+    prefixes: Prefixes | None = None  # [G, P] token table, computed once per forward pass
+    # Turn rows (``sample_unit=turn``): each row's global episode, and every episode.
+    episode_index: jax.Array | None = None  # [B] int32
+    episodes: Episodes | None = None  # [E], replicated
+    # Static: all rows of each mini-batch but its longest micro-batch's worth fit in this many
+    # slots (``update.long_rows_apart``); None: every micro-batch at the full width.
     short_width: int | None = flax.struct.field(pytree_node=False, default=None)
 
 
-def long_rows_apart(batch: TrainBatch, parts: int) -> tuple[TrainBatch, TrainBatch]:
-    """A mini-batch's rows sorted by length and split in two: the shortest ``B - B / parts``
-    cut to ``batch.short_width`` slots (``parts - 1`` micro-batches' worth), the longest ``B /
-    parts`` at the full width (one micro-batch). A few long rows (a turn with a format
-    warning) then widen one micro-batch instead of all of them. The row builder guarantees
-    that the short rows fit (``rows.short_width``); the loss is a sum over rows, so the
-    gradient is the same up to float summation order."""
-    width, rows = batch.short_width, batch.input_ids.shape[0]
-    cut = rows - rows // parts
-    order = jnp.argsort(jnp.sum(batch.attention_mask, axis=1), stable=True)  # shortest first
-    batch = jax.tree.map(lambda x: x[order], batch.replace(short_width=None))
-    short = jax.tree.map(lambda x: x[:cut, :width] if x.ndim == 2 else x[:cut], batch)
-    return short, jax.tree.map(lambda x: x[cut:], batch)
+@dataclasses.dataclass(frozen=True)
+class StepSettings:
+    """What ``make_update`` needs, resolved from the run config (``config.resolve.resolve``)."""
+
+    actor: UpdateConfig
+    critic: UpdateConfig | None  # None: no critic role
+    reference: str | None  # None | "frozen_copy" | "adapters_off"
+    advantages: AdvantageSettings
+    mini_batch_size: int
+    epochs: int
+    recompute_logprobs: bool
+    gradient_buckets: int  # reward-std buckets of the gradient analysis
+    sample_unit: str = "trajectory"  # "trajectory" | "turn": what a row is (see the module docstring)
 
 
-@flax.struct.dataclass
-class CriticBatch:
-    """The critic's data: ``old_values`` from before the update and GAE ``returns``."""
-
-    input_ids: jax.Array  # [B, L] int32
-    attention_mask: jax.Array  # [B, L] bool
-    positions: jax.Array  # [B, L] int32
-    loss_mask: jax.Array  # [B, L] float32
-    old_values: jax.Array  # [B, L] float32
-    returns: jax.Array  # [B, L] float32
-    prefix_index: jax.Array | None = None  # [B] int32: the rows continue these shared prefixes
+def init_state(settings: StepSettings, actor: Any, critic: Any = None) -> TrainState:
+    """The state at step 0 from the trained variables of the actor (and critic)."""
+    state = TrainState(step=jnp.zeros((), jnp.int32), actor=actor,
+                       actor_opt=make_optimizer(settings.actor).init(actor))
+    if settings.critic is not None:
+        state = state.replace(critic=critic, critic_opt=make_optimizer(settings.critic).init(critic))
+    if settings.reference == "frozen_copy":
+        state = state.replace(reference=jax.tree.map(jnp.copy, actor))
+    return state
 
 
-@flax.struct.dataclass
-class Prefixes:
-    """The shared prefixes of a step's rows (a group's common first prompt, computed once
-    for the group): ``G`` token sequences, real tokens first. A batch with ``prefix_index``
-    holds only what follows its prefix, with positions going on from it, and its slot 0 is
-    scored from the prefix's last token."""
+def make_update(settings: StepSettings, networks: Networks, mesh: Mesh | None = None) -> Callable:
+    """The jitted ``update(state, batch, *, train_actor=True, analyse_gradients=False)``
+    (see the module docstring); ``state`` is donated (its arrays are invalid afterwards). ``train_actor=False`` trains only the critic (its warmup);
+    ``analyse_gradients`` adds ``grad_analysis/*`` norms (``starpo.gradient_analysis``).
+    The untrained variables (``networks.*_rest``) are arguments of the compiled function,
+    not constants baked into it."""
+    s = settings
+    chunk = max(1, s.mini_batch_size // s.actor.micro_batches)  # rows per forward pass
+    actor_step = make_optimizer_step(networks.actor, s.actor, make_optimizer(s.actor), mesh=mesh)
+    critic_step = None if s.critic is None else make_optimizer_step(
+        networks.critic, s.critic, make_optimizer(s.critic), critic_objective, mesh)
 
-    input_ids: jax.Array  # [G, P] int32
-    attention_mask: jax.Array  # [G, P] bool
+    def logprobs(trained, rest, batch: StepBatch) -> jax.Array:
+        model = nnx.merge(networks.actor, trained, rest)
+        shared = shared_prefix_arrays(model, batch.prefixes)
 
-    def run(self, model: Qwen2ForCausalLM | Qwen2ForValue) -> SharedPrefix:
-        """The prefixes' keys, values and last hidden states under ``model``."""
-        positions = positions_from_mask(self.attention_mask)
-        return model.model.prefix(self.input_ids, positions, self.attention_mask)
+        def one(rows):
+            return token_logprobs(model, rows.input_ids, rows.attention_mask, rows.positions,
+                                  s.actor.temperature, loss_mask=rows.loss_mask,
+                                  prefix=rows_prefix(shared, batch.prefixes, rows.prefix_index))[0]
+        return _chunked(one, batch, chunk)
 
+    old_logprobs = logprobs if s.recompute_logprobs else (lambda trained, rest, batch: batch.sampler_logp)
+    reference = {None: None,
+                 "frozen_copy": lambda state, rest, batch: logprobs(state.reference, rest, batch),
+                 "adapters_off": lambda state, rest, batch: logprobs(without_adapters(state.actor),
+                                                                     rest, batch),
+                 }[s.reference]
 
-def shared_prefix_arrays(model: Any, prefixes: Prefixes | None) -> tuple[jax.Array, ...] | None:
-    """``Prefixes.run`` as the float arrays a gradient flows through (k, v, last hidden)."""
-    if prefixes is None:
-        return None
-    p = prefixes.run(model)
-    return p.k, p.v, p.last_hidden
+    def update(state: TrainState, batch: StepBatch, actor_rest, critic_rest, train_actor: bool,
+               analyse_gradients: bool):
+        mask = batch.loss_mask > 0
+        metrics = {"critic/score_mean": jnp.mean(batch.scores)}
+        old_logp = old_logprobs(state.actor, actor_rest, batch)
+        if s.recompute_logprobs:
+            metrics["rollout/logprob_gap"] = masked_mean(jnp.abs(old_logp - batch.sampler_logp), mask)
+        ref_logp = None if reference is None else reference(state, actor_rest, batch)
+        if ref_logp is not None:
+            metrics["rollout/ref_kl"] = masked_mean(old_logp - ref_logp, mask)
+        values = None
+        if critic_step is not None:
+            values = _critic_values(networks.critic, state.critic, critic_rest, batch, chunk)
+        adv, returns = step_advantages(s.advantages, batch, values)
+        # A scale on the loss mask would cancel in token-mean aggregation; on the advantages
+        # it is what RAGEN's filter_loss_scaling does.
+        adv = adv * batch.advantage_scale[:, None]
+        metrics["critic/advantages_mean"] = masked_mean(adv, mask)
+        if critic_step is not None:
+            state, critic_metrics = _train_critic(s, critic_step, state, critic_rest, batch,
+                                                  values, returns)
+            metrics |= critic_metrics
+        rows = TrainBatch(batch.input_ids, batch.attention_mask, batch.positions,
+                          batch.loss_mask, old_logp, adv, ref_logp, batch.prefix_index)
+        if analyse_gradients:
+            metrics |= _gradient_norms(s, networks.actor, state.actor, actor_rest, rows,
+                                       batch.bucket_ids, chunk, batch.prefixes)
+        if train_actor:
+            lr = learning_rate(s.actor, state.step)
+            actor, actor_opt, actor_metrics = mini_batch_epochs(
+                actor_step, state.actor, actor_rest, state.actor_opt,
+                rows.replace(short_width=batch.short_width), lr,
+                epochs=s.epochs, mini_batch_size=s.mini_batch_size, prefixes=batch.prefixes)
+            state = state.replace(actor=actor, actor_opt=actor_opt)
+            metrics |= actor_metrics | {"actor/lr": lr}
+        return state.replace(step=state.step + 1), metrics
 
+    # The state is donated: the new parameters and optimizer state reuse its buffers, so an
+    # update holds one copy of them, not two. Callers must not read the old state afterwards.
+    jitted = jax.jit(update, static_argnames=("train_actor", "analyse_gradients"),
+                     donate_argnames=("state",))
 
-def rows_prefix(arrays: tuple[jax.Array, ...] | None, prefixes: Prefixes | None,
-                index: jax.Array | None) -> SharedPrefix | None:
-    """Each row's prefix (``SharedPrefix.take``) from ``shared_prefix_arrays``' output."""
-    if arrays is None:
-        return None
-    k, v, last = arrays
-    return SharedPrefix(k=k, v=v, mask=prefixes.attention_mask.astype(bool),
-                        last_hidden=last).take(index)
+    def call(state: TrainState, batch: StepBatch, *, train_actor: bool = True,
+             analyse_gradients: bool = False) -> tuple[TrainState, dict[str, jax.Array]]:
+        return jitted(state, batch, networks.actor_rest, networks.critic_rest,
+                      train_actor=train_actor, analyse_gradients=analyse_gradients)
 
-
-def make_optimizer(config: UpdateConfig) -> optax.GradientTransformation:
-    """Global-norm clipping, Adam and decoupled weight decay (AdamW without its learning
-    rate: the step multiplies by ``learning_rate(config, step)``); non-finite updates are
-    skipped and counted."""
-    inner = optax.chain(
-        optax.clip_by_global_norm(config.grad_clip),
-        optax.scale_by_adam(b1=config.b1, b2=config.b2),
-        optax.add_decayed_weights(config.weight_decay),
-        optax.scale(-1.0),
-    )
-    return optax.apply_if_finite(inner, config.max_consecutive_nonfinite)
-
-
-def learning_rate(config: UpdateConfig, step: jax.Array | int) -> jax.Array:
-    """The learning rate at training step ``step`` (0-based): a linear warmup over
-    ``warmup_steps`` from 0, then constant, or cosine decay to 0 at ``total_steps``."""
-    if config.lr_schedule == "cosine":
-        fn = optax.warmup_cosine_decay_schedule(0.0, config.lr, config.warmup_steps,
-                                                config.total_steps)
-    elif config.warmup_steps:
-        fn = optax.linear_schedule(0.0, config.lr, config.warmup_steps)
-    else:
-        fn = optax.constant_schedule(config.lr)
-    return jnp.asarray(fn(step), jnp.float32)
-
-
-def token_values(critic: Qwen2ForValue, input_ids: jax.Array, attention_mask: jax.Array,
-                 positions: jax.Array, prefix: SharedPrefix | None = None) -> jax.Array:
-    """The value of the state in which token ``j`` was generated (the critic's output at slot
-    ``j - 1``), aligned with ``token_logprobs``; slot 0 gets 0, or with ``prefix`` the
-    value at the prefix's last token.  # [B, L]"""
-    values = critic(input_ids, positions, attention_mask, prefix=prefix)
-    first = (jnp.zeros((values.shape[0], 1), values.dtype) if prefix is None else
-             critic.score(prefix.last_hidden)[:, :1].astype(values.dtype))
-    return jnp.concatenate([first, values[:, :-1]], 1)
-
-
-def _micro_result(num_den: tuple[jax.Array, jax.Array], metrics: dict[str, jax.Array],
-                  mask: jax.Array) -> tuple[jax.Array, tuple[jax.Array, dict[str, jax.Array]]]:
-    """Packs a micro-batch's loss as ``(numerator, (denominator, metric sums))``, each metric
-    weighted by the masked token count so the step can average over micro-batches."""
-    num, den = num_den
-    tokens = jnp.sum(mask)
-    return num, (den, {k: v * tokens for k, v in metrics.items()} | {"tokens": tokens})
-
-
-def critic_objective(critic: Qwen2ForValue, batch: CriticBatch, config: UpdateConfig,
-                     prefix: SharedPrefix | None = None
-                     ) -> tuple[jax.Array, tuple[jax.Array, dict[str, jax.Array]]]:
-    """Clipped value loss, in the same ``(numerator, (denominator, metric sums))`` form."""
-    values = token_values(critic, batch.input_ids, batch.attention_mask, batch.positions, prefix)
-    mask = batch.loss_mask
-    vf, metrics = losses.value_loss(values, batch.old_values, batch.returns, mask, config.value_clip)
-    metrics = {**metrics, "critic/vf_loss": losses.masked_mean(vf, mask)}
-    return _micro_result(losses.aggregate(vf, mask, config.loss_agg_mode), metrics, mask)
-
-
-def actor_loss_terms(model: Qwen2ForCausalLM, batch: TrainBatch, config: UpdateConfig,
-                     prefix: SharedPrefix | None = None
-                     ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
-    """The actor loss's per-token terms as they enter it, coefficients applied: ``"pg"`` (the
-    clipped surrogate), ``"entropy"`` (``-entropy_coeff * entropy``) and, when ``kl_coef > 0``,
-    ``"kl"``; their sum is the loss before aggregation. Returns ``(terms, metrics)``, each
-    term ``[B, L]`` (shared by the update and ``gradient_analysis``). ``prefix``: each row's
-    shared prefix (``rows_prefix``) when the batch has ``prefix_index``."""
-    mask = batch.loss_mask
-    logp, entropy = token_logprobs(model, batch.input_ids, batch.attention_mask, batch.positions,
-                                   config.temperature, loss_mask=mask, prefix=prefix)
-    pg, pg_metrics = losses.policy_loss(logp, batch.old_logp, batch.advantages, mask,
-                                        config.clip_low, config.clip_high, config.clip_c)
-    terms = {"pg": pg, "entropy": -config.entropy_coeff * entropy}
-    metrics = {
-        **pg_metrics,
-        "actor/pg_loss": losses.masked_mean(pg, mask),
-        "actor/entropy": losses.masked_mean(entropy, mask),
-    }
-    if config.kl_coef:  # without a reference policy ``ref_logp`` is zeros: no KL to report
-        kl = losses.kl_penalty(logp, batch.ref_logp, config.kl_estimator)
-        terms["kl"] = config.kl_coef * kl
-        metrics["actor/kl_loss"] = losses.masked_mean(kl, mask)
-    return terms, metrics
-
-
-def actor_objective(model: Qwen2ForCausalLM, batch: TrainBatch, config: UpdateConfig,
-                    prefix: SharedPrefix | None = None
-                    ) -> tuple[jax.Array, tuple[jax.Array, dict[str, jax.Array]]]:
-    """``(numerator, (denominator, metric sums))`` of the actor loss on one micro-batch;
-    metric sums are weighted by the micro-batch's masked token count."""
-    terms, metrics = actor_loss_terms(model, batch, config, prefix)
-    per_token = _sum_terms(terms)
-    mask = batch.loss_mask
-    return _micro_result(losses.aggregate(per_token, mask, config.loss_agg_mode), metrics, mask)
-
-
-def _sum_terms(terms: dict[str, jax.Array]) -> jax.Array:
-    total = terms["pg"] + terms["entropy"]
-    return total + terms["kl"] if "kl" in terms else total
-
-
-def make_step_fn(graphdef: Any, config: UpdateConfig,
-                 optimizer: optax.GradientTransformation | None = None,
-                 objective: Callable = actor_objective, mesh: Mesh | None = None) -> Callable:
-    """The pure (not jitted) optimizer step
-    ``(params, rest, opt_state, batch, learning_rate, prefixes=None) -> (params, opt_state,
-    metrics)``.
-
-    ``graphdef, params, rest = nnx.split(model, nnx.Param, ...)``. ``objective`` is
-    ``actor_objective`` (``TrainBatch``) or ``critic_objective`` (``CriticBatch``, on a
-    ``Qwen2ForValue``). The batch's size must be divisible by ``config.micro_batches``.
-    With ``prefixes`` (the batch then has ``prefix_index``), the shared prefixes run once per
-    step, before the micro-batches, which gather them by row; their gradients are summed
-    over the micro-batches and taken back through the prefixes once (exact: the same
-    gradient as every row running its own copy). A ``TrainBatch`` with ``short_width`` runs
-    its longest rows as the last micro-batch at the full width and the others at that width
-    (``long_rows_apart``).
-    """
-    role = "actor" if objective is actor_objective else "critic"
-    optimizer = optimizer or make_optimizer(config)
-    num_micro = config.micro_batches
-
-    def numerator(params, rest, micro, shared, prefixes):
-        model = nnx.merge(graphdef, params, rest)
-        return objective(model, micro, config, rows_prefix(shared, prefixes, micro.prefix_index))
-
-    grad_fn = jax.grad(numerator, argnums=(0, 3), has_aux=True)
-
-    def step(params, rest, opt_state, batch, learning_rate, prefixes=None):
-        if mesh is not None:
-            batch = jax.lax.with_sharding_constraint(batch, batch_sharding(mesh))
-        width, long_rows = batch.input_ids.shape[1], None
-        if getattr(batch, "short_width", None) is not None:  # (a TrainBatch's option)
-            if num_micro < 2:
-                raise ValueError("update: short_width needs micro_batches >= 2")
-            batch, long_rows = long_rows_apart(batch, num_micro)
-        micro = jax.tree.map(lambda x: interleave(x, num_micro - (long_rows is not None)), batch)
-        shared = pull_back = None
-        if prefixes is not None:
-            shared, pull_back = jax.vjp(
-                lambda p: shared_prefix_arrays(nnx.merge(graphdef, p, rest), prefixes), params)
-
-        def accumulate(carry, mb):
-            grads, g_shared, den, sums = carry
-            (g, gs), (d, s) = grad_fn(params, rest, mb, shared, prefixes)
-            return (jax.tree.map(jnp.add, grads, g), jax.tree.map(jnp.add, g_shared, gs),
-                    den + d, jax.tree.map(jnp.add, sums, s)), None
-
-        zeros = jax.tree.map(jnp.zeros_like, params)
-        _, (_, sums0) = jax.eval_shape(lambda: numerator(
-            params, rest, jax.tree.map(lambda x: x[0], micro), shared, prefixes))
-        init = (zeros, jax.tree.map(jnp.zeros_like, shared), jnp.zeros((), jnp.float32),
-                jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums0))
-        carry, _ = jax.lax.scan(accumulate, init, micro)
-        if long_rows is not None:
-            carry, _ = accumulate(carry, long_rows)
-        grads, g_shared, den, sums = carry
-        if prefixes is not None:
-            grads = jax.tree.map(jnp.add, grads, pull_back(g_shared)[0])
-        if config.loss_agg_mode == "seq-mean-token-sum-norm":
-            den = jnp.float32(width)  # a constant horizon, not a count: do not add it up
-        grads = jax.tree.map(lambda g: (g / jnp.maximum(den, 1e-8)).astype(g.dtype), grads)
-        grad_norm = optax.global_norm(grads)
-        updates, new_opt_state = optimizer.update(grads, opt_state, params)
-        updates = jax.tree.map(lambda u: (learning_rate * u).astype(u.dtype), updates)
-        new_params = optax.apply_updates(params, updates)
-        if mesh is not None:
-            new_params = jax.lax.with_sharding_constraint(new_params, param_shardings(new_params, mesh))
-        tokens = jnp.maximum(sums.pop("tokens"), 1.0)
-        metrics = {k: v / tokens for k, v in sums.items()}
-        metrics[f"{role}/grad_norm"] = grad_norm
-        metrics[f"{role}/update_skipped"] = (~jnp.isfinite(grad_norm)).astype(jnp.float32)
-        metrics[f"{role}/nonfinite_total"] = new_opt_state.total_notfinite.astype(jnp.float32)
-        return new_params, new_opt_state, metrics
-
-    return step
-
-
-def make_train_step(graphdef: Any, config: UpdateConfig,
-                    optimizer: optax.GradientTransformation | None = None,
-                    objective: Callable = actor_objective, mesh: Mesh | None = None, *,
-                    donate: bool = True) -> Callable:
-    """``make_step_fn`` jitted, with ``learning_rate`` optional (default: ``config.lr``):
-    ``step(params, rest, opt_state, batch, learning_rate=None)``. With ``donate``, ``params``
-    and ``opt_state`` are donated (invalid after the call; use the returned ones)."""
-    step = jax.jit(make_step_fn(graphdef, config, optimizer, objective, mesh),
-                   donate_argnums=(0, 2) if donate else ())
-
-    def call(params, rest, opt_state, batch, learning_rate=None, prefixes=None):
-        lr = config.lr if learning_rate is None else learning_rate
-        return step(params, rest, opt_state, batch, jnp.asarray(lr, jnp.float32), prefixes)
-
-    # For benches: the compiled step takes (params, rest, opt_state, batch, lr, prefixes or None).
-    call.lower = lambda params, rest, opt_state, batch, prefixes=None: step.lower(
-        params, rest, opt_state, batch, jnp.asarray(config.lr, jnp.float32), prefixes)
     return call
 
 
-def interleave(x: jax.Array, parts: int) -> jax.Array:
-    """``x [B, ...]`` as ``[parts, B / parts, ...]`` where part ``i`` holds rows ``i, i + parts,
-    i + 2 parts, ...``: a batch sharded over devices in contiguous row blocks stays spread over
-    every device in every part (contiguous parts would each sit on a few devices)."""
-    return x.reshape(x.shape[0] // parts, parts, *x.shape[1:]).swapaxes(0, 1)
+def step_advantages(settings: AdvantageSettings, batch: StepBatch, values: jax.Array | None = None
+                    ) -> tuple[jax.Array, jax.Array | None]:
+    """``(advantages [B, L], returns or None)`` of a step's rows. Turn rows with a
+    critic-free estimator: the estimator on the episodes (each once), each row then gets its
+    episode's advantage on its answer (see the module docstring)."""
+    mask = batch.loss_mask > 0
+    if batch.episodes is not None and settings.estimator not in NEEDS_CRITIC:
+        ep = batch.episodes
+        ones = jnp.ones((ep.scores.shape[0], 1), bool)
+        per_episode, _ = compute_advantages(settings, AdvantageInputs(
+            ep.scores[:, None], ones, ones.astype(jnp.float32), ep.scores, ep.group_ids))
+        return per_episode[batch.episode_index, :1] * mask, None
+    return compute_advantages(settings, AdvantageInputs(
+        batch.token_rewards, mask, batch.turn_end, batch.scores, batch.group_ids), values)
 
 
-def mini_batch_epochs(step: Callable, params: Any, rest: Any, opt_state: Any, batch: Any,
-                      learning_rate: jax.Array, *, epochs: int, mini_batch_size: int,
-                      prefixes: Prefixes | None = None) -> tuple[Any, Any, dict[str, jax.Array]]:
-    """``epochs`` passes over ``batch`` in mini-batches of ``mini_batch_size`` rows, one
-    ``step`` (from ``make_step_fn``) each, as a ``lax.scan`` (RAGEN: 1 epoch, mini-batches of
-    32 trajectories, no shuffling). Mini-batch ``i`` holds every ``n``-th row from row ``i``
-    (``interleave``), not a consecutive block: the same unshuffled partition up to row order,
-    which keeps every mini-batch on all data shards. Traceable. Returns the new params and
-    optimizer state and the metrics averaged over the steps (plus
-    ``train/num_mini_batches``)."""
-    size = jax.tree.leaves(batch)[0].shape[0]
-    if size % mini_batch_size:
-        raise ValueError(f"update: batch of {size} rows is not divisible by mini_batch_size "
-                         f"{mini_batch_size}")
-    n = size // mini_batch_size
-    minis = jax.tree.map(lambda x: interleave(x, n), batch)
+def _critic_values(graphdef: Any, params: Any, rest: Any, batch: StepBatch, chunk: int) -> jax.Array:
+    """The critic's values of the batch, ``chunk`` rows per forward pass.  # [B, L]"""
+    model = nnx.merge(graphdef, params, rest)
+    shared = shared_prefix_arrays(model, batch.prefixes)
 
-    def one(carry, i):
-        params, opt_state = carry
-        part = jax.tree.map(lambda x: x[i], minis)
-        params, opt_state, metrics = step(params, rest, opt_state, part, learning_rate, prefixes)
-        return (params, opt_state), metrics
+    def one(rows):
+        return token_values(model, rows.input_ids, rows.attention_mask, rows.positions,
+                            rows_prefix(shared, batch.prefixes, rows.prefix_index))
+    return _chunked(one, batch, chunk)
 
-    order = jnp.tile(jnp.arange(n), epochs)
-    (params, opt_state), history = jax.lax.scan(one, (params, opt_state), order)
-    metrics = jax.tree.map(lambda x: jnp.mean(x, axis=0), history)
-    metrics["train/num_mini_batches"] = jnp.float32(n * epochs)
-    return params, opt_state, metrics
+
+def _train_critic(s: StepSettings, step: Callable, state: TrainState, rest: Any,
+                  batch: StepBatch, old_values: jax.Array, returns: jax.Array
+                  ) -> tuple[TrainState, dict[str, jax.Array]]:
+    """The critic's epochs of mini-batch steps on the clipped value loss."""
+    rows = CriticBatch(batch.input_ids, batch.attention_mask, batch.positions,
+                       batch.loss_mask, old_values, returns, batch.prefix_index)
+    params, opt, metrics = mini_batch_epochs(
+        step, state.critic, rest, state.critic_opt, rows, learning_rate(s.critic, state.step),
+        epochs=s.epochs, mini_batch_size=s.mini_batch_size, prefixes=batch.prefixes)
+    metrics = {k: v for k, v in metrics.items() if k.startswith("critic/")}
+    metrics["critic/values_mean"] = masked_mean(old_values, batch.loss_mask > 0)
+    return state.replace(critic=params, critic_opt=opt), metrics
+
+
+def _chunked(fn: Callable[[StepBatch], jax.Array], batch: StepBatch, chunk: int) -> jax.Array:
+    """``fn`` over consecutive ``chunk``-row slices of the batch (bounded activation memory),
+    concatenated back to ``[B, L]``. The prefix table is not sliced (``fn`` gets it as None)."""
+    batch = batch.replace(prefixes=None, episodes=None)
+    rows = batch.input_ids.shape[0]
+    if rows % chunk:
+        chunk = rows
+    parts = jax.tree.map(lambda x: x.reshape(rows // chunk, chunk, *x.shape[1:]), batch)
+    out = jax.lax.map(fn, parts)
+    return out.reshape(rows, *out.shape[2:])
+
+
+def _gradient_norms(s: StepSettings, graphdef: Any, actor: Any, rest: Any, rows: TrainBatch,
+                    bucket_ids: jax.Array, chunk: int, prefixes: Prefixes | None
+                    ) -> dict[str, jax.Array]:
+    """``grad_analysis/<name>``: the gradient norm of each actor-loss component by bucket,
+    ``chunk`` rows per forward pass."""
+    size = rows.input_ids.shape[0]
+    micro = size // chunk if size % chunk == 0 else 1
+    analyse = grad_lib.make_gradient_analysis(graphdef, s.actor, s.gradient_buckets, micro)
+    norms = analyse(actor, rest, rows, bucket_ids, prefixes)
+    return {f"grad_analysis/{k}": v for k, v in norms.items()}

@@ -20,8 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ragen_jax.envs import code_sandbox
-from ragen_jax.envs.code_sandbox import SandboxLimits, confinement_problem, run_program
+from ragen_jax.envs.host import code_sandbox
+from ragen_jax.envs.host.code_sandbox import SandboxLimits, confinement_problem, run_program
 from tests.envs.escape_trainer import ESCAPE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -227,7 +227,7 @@ def test_no_file_owner_can_be_set_to_signal_another_process(stranger):
     if FCNTL_NR is None:
         pytest.skip(f"fcntl's system call number on {platform.machine()} is not in this test")
     codes = {what: code.replace("{stranger}", str(stranger.pid)) for what, code in OWNER_ROUTES.items()}
-    script = ("import json\nfrom ragen_jax.envs.code_sandbox import run_program\n"
+    script = ("import json\nfrom ragen_jax.envs.host.code_sandbox import run_program\n"
               f"codes = {codes!r}\nout = {{}}\n"
               "for what, code in codes.items():\n"
               "    runs, stopped = run_program(code, [{'kind': 'stdin', 'stdin': ''}])\n"
@@ -255,7 +255,7 @@ def test_landlocks_signal_scope_alone_stops_the_file_owner_route(stranger):
         pytest.skip("the kernel's Landlock has no signal scoping (ABI < 6, Linux < 6.12)")
     program = (
         "import ctypes, fcntl, os, time\n"
-        "from ragen_jax.envs import sandbox_child\n"
+        "from ragen_jax.envs.host import sandbox_child\n"
         "assert ctypes.CDLL(None).prctl(38, 1, 0, 0, 0) == 0  # no_new_privs\n"
         "assert sandbox_child.scope_signals() == 'landlock'\n"
         f"for target in (-os.getpgid(os.getppid()), {stranger.pid}):\n"

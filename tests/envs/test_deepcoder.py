@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragen_jax.envs import make
-from ragen_jax.envs.code_sandbox import confinement_problem
 from ragen_jax.envs.datafile import row_for_seed
 from ragen_jax.envs.deepcoder import DeepCoder, assemble, extract_program, load_problems
+from ragen_jax.envs.host.code_sandbox import confinement_problem
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "deepcoder_sample.jsonl"
 needs_sandbox = pytest.mark.skipif(confinement_problem() is not None,

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragen_jax.envs import levels, make
-from ragen_jax.envs.sokoban import EnvState
+from ragen_jax.envs.sokoban.types import EnvState
 from ragen_jax.rollout.env_driver import JaxEnvDriver, row_state
 from ragen_jax.rollout.host_driver import HostEnvDriver
 

@@ -14,13 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragen_jax.envs import make
-from ragen_jax.envs.metamathqa import (
-    MetaMathQA,
-    check_answer,
-    extract_answer,
-    load_problems,
-    row_for_seed,
-)
+from ragen_jax.envs.datafile import row_for_seed
+from ragen_jax.envs.metamathqa import MetaMathQA, check_answer, extract_answer, load_problems
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "metamathqa_sample.jsonl"
 

@@ -10,16 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragen_jax.envs import solvers
-from ragen_jax.envs.sokoban import (
+from ragen_jax.envs.sokoban.env import Sokoban
+from ragen_jax.envs.sokoban.generator import (
     _STAMPS,
-    TARGET,
     WALK_DIRECTIONS,
-    Sokoban,
     fallback_level,
     generate_level,
     topology_from_draws,
 )
-from ragen_jax.envs.sokoban_solver import solve
+from ragen_jax.envs.sokoban.solver import solve
+from ragen_jax.envs.sokoban.types import TARGET
 
 MOVES = [(-1, 0), (1, 0), (0, -1), (0, 1)]
 

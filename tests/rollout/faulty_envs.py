@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ragen_jax.envs.countdown import Countdown
-from ragen_jax.envs.host import HostEnv
+from ragen_jax.envs.host.env import HostEnv
 
 _BACKTRACK = re.compile(r"(a+)+$")
 

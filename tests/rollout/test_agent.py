@@ -11,10 +11,11 @@ from flax import nnx
 from ragen_jax.envs import make
 from ragen_jax.models import positions_from_mask
 from ragen_jax.rollout import Sampler, SamplingParams, ScriptedPolicy
-from ragen_jax.rollout.agent import AgentRollout, collect, env_functions, train_seeds, val_seeds
+from ragen_jax.rollout.agent import AgentRollout, collect, train_seeds, val_seeds
 from ragen_jax.rollout.config import PromptConfig, RolloutConfig, SamplingConfig, ValidationConfig
 from ragen_jax.rollout.context import ContextConfig, format_reward
-from ragen_jax.starpo.update import token_logprobs
+from ragen_jax.rollout.env_driver import env_functions
+from ragen_jax.starpo.token_scores import token_logprobs
 
 CFG = RolloutConfig(env_groups=2, group_size=2, response_length=32)
 SEEDS = np.array([3, 4])
@@ -285,7 +286,7 @@ def test_rollout_config_is_the_run_config_section():
 
 @jax.jit
 def _full_logprobs(graphdef, state, tokens, mask):
-    """The trainer's recomputation (``starpo.update.token_logprobs``), token j at slot j."""
+    """The trainer's recomputation (``starpo.optimizer_step.token_logprobs``), token j at slot j."""
     logp, _ = token_logprobs(nnx.merge(graphdef, state), tokens, mask, positions_from_mask(mask))
     return logp[:, 1:]
 

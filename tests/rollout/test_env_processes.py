@@ -21,8 +21,8 @@ import numpy as np
 import psutil
 import pytest
 
-from ragen_jax.envs.host import HostEnvFamily
-from ragen_jax.envs.processes import Histories, Job, ProcessPool
+from ragen_jax.envs.host.family import HostEnvFamily
+from ragen_jax.envs.host.processes import Histories, Job, ProcessPool
 from ragen_jax.rollout import ScriptedPolicy
 from ragen_jax.rollout.agent import AgentRollout
 from ragen_jax.rollout.config import PromptConfig, RolloutConfig
@@ -125,7 +125,7 @@ def test_workers_end_with_their_parent_even_when_it_is_killed(tmp_path):
     pool leave no worker behind."""
     script = textwrap.dedent("""
         import sys, time
-        from ragen_jax.envs.host import HostEnvFamily
+        from ragen_jax.envs.host.family import HostEnvFamily
         from ragen_jax.rollout.host_driver import HostEnvDriver
         from tests.rollout.faulty_envs import Faulty
         if __name__ == "__main__":

@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 import pytest
 
-from ragen_jax.envs.remote import TOKEN_ENV, RemoteEnv, RemoteEnvError
+from ragen_jax.envs.host.remote import TOKEN_ENV, RemoteEnv, RemoteEnvError
 from tests.rollout.test_remote_env import _port, _serve
 
 pytestmark = pytest.mark.timeout(60)
@@ -214,7 +214,7 @@ def test_an_idle_session_expires_and_frees_its_place():
 
 def _cli(*args: str, **env: str) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
-    return subprocess.run([sys.executable, "-m", "ragen_jax.envs.serve", "countdown", *args],
+    return subprocess.run([sys.executable, "-m", "ragen_jax.envs.host.serve", "countdown", *args],
                           env=dict(environ, PYTHONPATH=os.pathsep.join(sys.path), **env),
                           capture_output=True, text=True, timeout=20)
 
@@ -228,7 +228,7 @@ def test_a_non_loopback_bind_needs_a_token_and_limits_must_be_sane():
                        (("--token", "two words"), "visible ASCII")]:
         done = _cli(*args, "--port", str(_port()))
         assert done.returncode == 2 and text in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
-    from ragen_jax.envs.serve import is_loopback
+    from ragen_jax.envs.host.serve import is_loopback
 
     assert [is_loopback(h) for h in ("127.0.0.1", "127.3.2.1", "::1", "localhost")] == [True] * 4
     assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.1", "example.com", ""))

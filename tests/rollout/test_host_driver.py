@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from ragen_jax.envs import make
-from ragen_jax.envs.host import HostEnv, HostEnvFamily
+from ragen_jax.envs.host.env import HostEnv
+from ragen_jax.envs.host.family import HostEnvFamily
 from ragen_jax.rollout import ScriptedPolicy
 from ragen_jax.rollout.agent import AgentRollout
 from ragen_jax.rollout.config import PromptConfig, RolloutConfig

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from ragen_jax.envs import make
-from ragen_jax.envs.remote import RemoteEnv, RemoteEnvError
+from ragen_jax.envs.host.remote import RemoteEnv, RemoteEnvError
 from ragen_jax.rollout import ScriptedPolicy
 from ragen_jax.rollout.agent import AgentRollout
 from ragen_jax.rollout.config import PromptConfig, RolloutConfig
@@ -28,7 +28,7 @@ from ragen_jax.rollout.scripted import answer_text
 pytestmark = pytest.mark.timeout(90)
 
 ONE = RolloutConfig(env_groups=2, group_size=2, max_turn=1, max_actions_per_traj=1, max_actions_per_turn=1, response_length=32, prompt=PromptConfig(enable_think=False))
-SERVER = ("import sys; from ragen_jax.envs import register; from ragen_jax.envs.serve import main; "
+SERVER = ("import sys; from ragen_jax.envs import register; from ragen_jax.envs.host.serve import main; "
           "from tests.rollout.faulty_envs import Slow; register('slow', Slow); main(sys.argv[1:])")
 
 

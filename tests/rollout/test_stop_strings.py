@@ -16,7 +16,7 @@ from ragen_jax.rollout import Sampler, SamplingParams, ScriptedPolicy
 from ragen_jax.rollout.agent import AgentRollout
 from ragen_jax.rollout.config import RolloutConfig, SamplingConfig
 from ragen_jax.rollout.stop_strings import byte_automaton, stop_automaton
-from ragen_jax.starpo.update import token_logprobs
+from ragen_jax.starpo.token_scores import token_logprobs
 
 ANSWER = "</answer>"
 
@@ -202,7 +202,7 @@ def test_trajectory_inserts_the_end_of_turn_after_a_stop_string(qwen_tok):
 
 @jax.jit
 def _full_logprobs(graphdef, state, tokens, mask):
-    """The trainer's recomputation (``starpo.update.token_logprobs``), token j at slot j."""
+    """The trainer's recomputation (``starpo.optimizer_step.token_logprobs``), token j at slot j."""
     logp, _ = token_logprobs(nnx.merge(graphdef, state), tokens, mask, positions_from_mask(mask))
     return logp[:, 1:]
 

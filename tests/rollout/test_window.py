@@ -13,7 +13,7 @@ from ragen_jax.rollout import Sampler, ScriptedPolicy
 from ragen_jax.rollout.agent import AgentRollout
 from ragen_jax.rollout.config import RolloutConfig, WindowConfig
 from ragen_jax.rollout.context import format_reward
-from ragen_jax.starpo.update import token_logprobs
+from ragen_jax.starpo.token_scores import token_logprobs
 
 CFG = RolloutConfig(env_groups=2, group_size=2, response_length=32, max_turn=4)
 SEEDS = np.array([3, 4])

@@ -14,7 +14,8 @@ from ragen_jax.config.resolve import update_settings
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
 from ragen_jax.starpo import losses
 from ragen_jax.starpo.gradient_analysis import make_gradient_analysis, reward_std_buckets
-from ragen_jax.starpo.update import TrainBatch, token_logprobs
+from ragen_jax.starpo.optimizer_step import TrainBatch
+from ragen_jax.starpo.token_scores import token_logprobs
 
 
 def _model_and_batch(rows: int = 6, length: int = 12):

@@ -18,13 +18,13 @@ from flax import nnx
 from ragen_jax.config.resolve import update_settings
 from ragen_jax.config.schema import ModelConfig
 from ragen_jax.models import compute_copy
-from ragen_jax.starpo.update import (
+from ragen_jax.policy import build_actor
+from ragen_jax.starpo.optimizer_step import (
     TrainBatch,
+    jit_optimizer_step,
     make_optimizer,
-    make_train_step,
-    token_logprobs,
 )
-from ragen_jax.train_state import build_actor
+from ragen_jax.starpo.token_scores import token_logprobs
 
 SMALL = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
              num_key_value_heads=2)
@@ -50,7 +50,7 @@ def train(model_config: ModelConfig, lr: float, steps: int):
     graphdef, params, rest = nnx.split(actor, nnx.Param, ...)
     before = jax.tree.map(np.asarray, params)
     config = update_settings(lr=lr, weight_decay=0.0, entropy_coeff=0.0)
-    step = make_train_step(graphdef, config)
+    step = jit_optimizer_step(graphdef, config)
     opt_state = make_optimizer(config).init(params)
     losses = []
     for _ in range(steps):

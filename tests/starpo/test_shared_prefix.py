@@ -15,8 +15,8 @@ from flax import nnx
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
 from ragen_jax.sharding import make_mesh
 from ragen_jax.starpo.rows import after_prefix, build_step_batch, group_prefix_lengths, short_width
-from ragen_jax.starpo.step import make_update
 from ragen_jax.starpo.token_scores import token_logprobs
+from ragen_jax.starpo.update import make_update
 from tests.starpo.test_step import CFG, build, copy, settings
 
 V = CFG["vocab_size"]

@@ -19,15 +19,16 @@ from ragen_jax.rollout.config import RolloutConfig
 from ragen_jax.sharding import make_mesh
 from ragen_jax.starpo import advantages as adv_lib
 from ragen_jax.starpo.estimators import AdvantageSettings
+from ragen_jax.starpo.optimizer_step import TrainBatch, actor_objective
 from ragen_jax.starpo.rows import build_step_batch
-from ragen_jax.starpo.step import (
+from ragen_jax.starpo.token_scores import token_logprobs
+from ragen_jax.starpo.update import (
     Networks,
     StepSettings,
     init_state,
     make_update,
     step_advantages,
 )
-from ragen_jax.starpo.update import TrainBatch, actor_objective, token_logprobs
 
 TINY = QwenConfig.tiny(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=8,
