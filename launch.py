@@ -5,12 +5,12 @@
     python launch.py --config configs/sokoban.py:qwen2.5-0.5b --config.model.path=/models/Qwen2.5-0.5B-Instruct
     python launch.py --config configs/sokoban.py --config.algorithm.adv_estimator=gae --config.trainer.total_steps=50
 
-Any field of the run config (``ragen_jax/schema.py`` lists and documents them) can be
+Any field of the run config (``ragen_jax/config/schema.py`` lists and documents them) can be
 overridden with ``--config.<a>.<b>=value``; an unknown or ill-typed field is a one-line
 error naming it. A run prints a short summary; the resolved config is saved as
 ``<output_dir>/config.json`` and the derived settings as ``<output_dir>/settings.txt``
 (``--print_config`` also prints both). Rerunning the same command resumes from the last
-checkpoint there. The environment demo is ``python -m ragen_jax.envs.demo``.
+checkpoint there, as does ``--config <output_dir>/config.json``. The environment demo is ``python -m ragen_jax.envs.demo``.
 """
 
 from __future__ import annotations
@@ -26,17 +26,20 @@ sys.path.insert(0, str(ROOT))  # so config files can `from configs import base`
 
 
 def main(argv: list[str]) -> None:
-    from ragen_jax.config import load_config, use_run_snapshot
+    from ragen_jax.config.loading import load_config, use_run_snapshot
 
     print_config = PRINT_CONFIG in argv
     argv = [a for a in argv if a != PRINT_CONFIG]
     try:
         config = load_config(argv[1:], prog="launch.py", default=str(ROOT / "configs/sokoban.py"))
         config = use_run_snapshot(config)  # resuming a run whose model folder has moved
-        from ragen_jax import distributed, schema
+        from ragen_jax import distributed
+        from ragen_jax.config.fields import ConfigError
+        from ragen_jax.config.loading import config_for_print, from_config_dict
+        from ragen_jax.config.resolve import resolve
         from ragen_jax.policy import check_model_folder
 
-        run_config = schema.from_config_dict(config)  # every field checked, one-line errors
+        run_config = from_config_dict(config)  # every field checked, one-line errors
         check_model_folder(run_config.model)  # config.json, architecture, tokenizer files
         distributed.initialize(run_config.distributed)  # before anything starts JAX's backend
     except ValueError as e:  # also CheckpointError, a ValueError
@@ -52,13 +55,13 @@ def main(argv: list[str]) -> None:
     from ragen_jax.models import CheckpointError
 
     if print_config and jax.process_index() == 0:
-        from ragen_jax.run_summary import full_settings
+        from ragen_jax.config.summary import full_settings
 
-        print(schema.config_for_print(run_config), flush=True)
-        print(full_settings(schema.resolve(run_config), jax.default_backend()), flush=True)
+        print(config_for_print(run_config), flush=True)
+        print(full_settings(resolve(run_config), jax.default_backend()), flush=True)
     try:
         summary = train.run(run_config)
-    except (schema.ConfigError, CheckpointError, CheckpointSaveError, CheckpointRestoreError,
+    except (ConfigError, CheckpointError, CheckpointSaveError, CheckpointRestoreError,
             CheckpointMismatchError, FileNotFoundError) as e:
         _exit(f"launch.py: {e}")
     except OSError as e:
@@ -66,7 +69,7 @@ def main(argv: list[str]) -> None:
             raise
         # A log, trajectory or TensorBoard write found the disk full (a checkpoint's own
         # failure is a CheckpointSaveError above); the run folder's checkpoints are intact.
-        where = e.filename or schema.resolve(run_config).output_dir
+        where = e.filename or resolve(run_config).output_dir
         _exit(f"launch.py: no space left on device writing {where}; free space there and "
               "rerun the same command: it resumes from the last complete checkpoint")
     if jax.process_index() != 0:

@@ -16,7 +16,7 @@ def get_config(preset: str = "tiny"):
     c.env.val_extra = dict(BanditTest=dict(split="test"))
     # The training split's few levels (its name pairs x two orders) are all validation levels,
     # so validation replays them; BanditTest holds the test names out by split.
-    c.rollout.held_out_val = False
+    c.rollout.val.held_out = False
     c.rollout.max_turn = 1  # one pull per episode
     c.rollout.max_actions_per_traj = 1
     c.rollout.max_actions_per_turn = 1
@@ -37,13 +37,13 @@ def bandit_cpu(c) -> None:
     toward the better name; a group's mean gives it nothing), and answer-only turns (RAGEN's
     no-think regime): ~5 answer tokens instead of ~45 make 128 episodes cost what 16 did, and
     put the advantage on the choice."""
-    c.rollout.enable_think = False
+    c.rollout.prompt.enable_think = False
     c.rollout.response_length = 32
     c.rollout.env_groups, c.rollout.group_size = 8, 16
-    c.rollout.val_groups = 16
+    c.rollout.val.env_groups = 16
     c.algorithm.adv_estimator = "reinforce_plus_plus"
     c.actor.ppo_mini_batch_size = 128
-    c.actor.pad_multiple = 16  # answer rows of ~5 tokens
+    c.actor.row_pad_multiple = 16  # answer rows of ~5 tokens
     c.actor.lr = 2e-5
     c.actor.warmup_steps = 3
     c.actor.recompute_logprobs = False  # float32 sampler and update: its log-probs are the old policy's

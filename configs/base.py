@@ -1,6 +1,6 @@
 """The base of every run config: the schema's defaults, then a preset.
 
-Every field, its default and its one-line documentation live in ``ragen_jax/schema.py``
+Every field, its default and its one-line documentation live in ``ragen_jax/config/schema.py``
 (RAGEN's values wherever RAGEN has the setting); this file only builds the
 ``ml_collections.ConfigDict`` from them and applies a preset. An env file
 (``configs/sokoban.py``, ...) calls ``get_config(preset)`` and sets its own part.
@@ -12,9 +12,8 @@ Presets: ``tiny`` (default; a random tiny Qwen2 and the built-in tokenizer, no d
 ``--config.algorithm.adv_estimator=gae`` (PPO with a critic), ``grpo``, ``drgrpo`` (GRPO
 without std normalisation, ``seq-mean-token-sum``), ``rloo``, ``reinforce_plus_plus``,
 ``reinforce_plus_plus_baseline``; reward normalisation with
-``--config.algorithm.reward_norm_preset=GRPO`` (or ``BRPO``, ``ARPO``) or
 ``--config.algorithm.reward_norm_grouping=batch --config.algorithm.reward_norm_method=mean_std``
-etc.; StarPO-S / SNR filtering with ``--config.filter.strategy=top_k --config.filter.value=0.25``
+etc. (RAGEN V1's GRPO, BRPO and ARPO are such pairs: ``starpo.normalization.PRESETS``); StarPO-S / SNR filtering with ``--config.filter.strategy=top_k --config.filter.value=0.25``
 etc.
 """
 
@@ -22,7 +21,7 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
-from ragen_jax.schema import to_config_dict
+from ragen_jax.config.loading import to_config_dict
 
 PRESETS = ("tiny", "smollm2-135m", "qwen2.5-0.5b-cpu", "qwen2.5-0.5b", "qwen2.5-1.5b",
            "qwen2.5-3b", "qwen2.5-7b")
@@ -48,7 +47,7 @@ def apply_preset(c: ConfigDict, preset: str) -> None:
     c.preset = preset
     if preset != "tiny":
         # bf16 compute on GPU/TPU, float32 on XLA:CPU (its bf16 matmuls are ~10x slower:
-        # schema.compute_dtype), on float32 master weights (model.param_dtype's default): AdamW
+        # config.schema.compute_dtype), on float32 master weights (model.param_dtype's default): AdamW
         # steps of ~1e-6 round away in bf16 storage. Rematerialising all but the weight
         # matmuls' outputs fits 16 x 1024 tokens of 0.5B in ~6 GiB per device of 8 (bench_scaling).
         c.model.dtype = "auto"
@@ -56,7 +55,7 @@ def apply_preset(c: ConfigDict, preset: str) -> None:
         # runs on past it would otherwise hold the batch's decode loop to response_length (a
         # real model's answers end there; with enable_think it writes <think>..</think> first).
         # Not in `tiny`: its results were measured without it.
-        c.rollout.stop_strings = ("</answer>",)
+        c.rollout.sampling.stop_strings = ("</answer>",)
         c.model.remat = "dots"
         c.model.attention_impl = "auto"  # cuDNN flash attention on a GPU (2x the 0.5B update on an H200), else xla
         c.actor.micro_batches = c.critic.micro_batches = MICRO_BATCHES[preset]
@@ -68,14 +67,14 @@ def apply_preset(c: ConfigDict, preset: str) -> None:
     # first steps are sign-like, so lr above ~3e-4 scrambles the warm-started policy; one
     # optimizer step per 64-episode batch; Dr.GRPO (no std division) because with the
     # bandit's rare payoffs GRPO's std division blows up groups that differ by 0.1 only.
-    c.rollout.enable_think = False  # a random model has no reasoning to show
+    c.rollout.prompt.enable_think = False  # a random model has no reasoning to show
     # Four layers: the unrolled forward compiles faster on a CPU than the scan
     # (experiments/benchmarks/bench_update.py) and is the computation the tiny results were measured with.
     c.model.scan_layers = False
     # A random model cannot read the per-turn format reminder (~35 tokens a turn): drop it,
     # which shortens FrozenLake trajectories by a fifth, ~800 -> ~650 tokens (the system
     # prompt keeps RAGEN's instructions; the env text and the action budget line are unchanged).
-    c.rollout.turn_template = "\nTurn {turn}:\nState:\n{state}\n{warning}You have {actions_left} actions left.\n"
+    c.rollout.prompt.turn_template = "\nTurn {turn}:\nState:\n{state}\n{warning}You have {actions_left} actions left.\n"
     c.rollout.response_length = 16  # a formatted answer is ~8 tokens
     c.rollout.max_model_len = 1024
     c.rollout.group_size = 8
@@ -118,7 +117,7 @@ def cpu_preset(c: ConfigDict, preset: str) -> None:
     """
     c.rollout.env_groups = 4
     c.rollout.group_size = 8
-    c.rollout.val_groups = 32
+    c.rollout.val.env_groups = 32
     c.rollout.response_length = 128
     c.algorithm.adv_estimator = "drgrpo"
     c.actor.ppo_mini_batch_size = 32
@@ -144,13 +143,13 @@ def solver_mixture_prior(c: ConfigDict) -> None:
     validation success is in the 10-30% that Qwen2.5-0.5B-Instruct shows in RAGEN.
     ``warmstart.seed=0`` gives every run seed the same prior. The from-scratch (format-only)
     start, as these presets had it before: ``--config.warmstart.solver_share=0
-    --config.warmstart.turn_steps=0 --config.warmstart.steps=60 --config.warmstart.batch_size=8
-    --config.warmstart.lr=2e-3 --config.warmstart.episodes=256 --config.warmstart.seed=-1``
+    --config.warmstart.turns.steps=0 --config.warmstart.steps=60 --config.warmstart.batch_size=8
+    --config.warmstart.lr=2e-3 --config.warmstart.episodes=256 --config.warmstart.seed=None``
     (random legal moves: answers in the format that ignore the board)."""
     c.warmstart.solver_share = 0.3
     c.warmstart.legal_actions = True  # the format-only start's random moves (the mixture's are legal anyway)
     c.warmstart.episodes = 4096
-    c.warmstart.turn_steps = 1000
+    c.warmstart.turns.steps = 1000
     c.warmstart.steps = 200
     c.warmstart.batch_size = 16
     c.warmstart.lr = 1e-3
@@ -161,6 +160,6 @@ def solver_mixture_prior(c: ConfigDict) -> None:
 def limited_window(c: ConfigDict, turns: int) -> None:
     """Each turn's prompt shows the system message and the last ``turns`` turns (RAGEN's
     ``max_context_window``), and trains one row per turn (a windowed prompt is its own row)."""
-    c.rollout.context_window = "limited"
-    c.rollout.window_turns = turns
+    c.rollout.window.mode = "limited"
+    c.rollout.window.turns = turns
     c.algorithm.sample_unit = "turn"

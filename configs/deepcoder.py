@@ -29,10 +29,10 @@ def get_config(preset: str = "tiny"):
     c.rollout.max_turn = 1
     c.rollout.max_actions_per_turn = 1
     c.rollout.max_actions_per_traj = 1
-    c.rollout.max_answer_chars = 8000  # a whole program is the answer
+    c.rollout.prompt.max_answer_chars = 8000  # a whole program is the answer
     if preset == "tiny":
         c.env.params.data_path = str(SAMPLE)
-        c.rollout.val_groups = 4  # of the sample's 16 problems
+        c.rollout.val.env_groups = 4  # of the sample's 16 problems
         c.rollout.response_length = 32  # a random model's program never runs; the loop does
     else:
         c.rollout.response_length = 1024

@@ -10,7 +10,7 @@ presets: 1-50 in 7 guesses (``-hard``: 50 levels, 16 for validation). Another of
 ``--config.env.params.env_id=game:Mastermind-v0-easy --config.env.tag=Mastermind`` (with its
 ``max_turns``); GEM's Minesweeper places its mines at the first reveal, so every level looks
 alike at reset and holding its validation out fails (``HeldOutError``): it needs
-``--config.rollout.held_out_val=False``. The offline suites: docs/environments.md.
+``--config.rollout.val.held_out=False``. The offline suites: docs/environments.md.
 
 ``python launch.py --config configs/gem.py[:preset]``.
 """
@@ -29,9 +29,9 @@ def get_config(preset: str = "tiny"):
     if preset == "tiny":
         c.env.params.env_id = "game:GuessTheNumber-v0-easy"
         c.rollout.max_turn = c.rollout.max_actions_per_traj = 4
-        c.rollout.val_groups = 2  # of the 10 hidden numbers
+        c.rollout.val.env_groups = 2  # of the 10 hidden numbers
         c.rollout.response_length = 16
     else:
-        c.rollout.val_groups = 16  # of the 50 hidden numbers
+        c.rollout.val.env_groups = 16  # of the 50 hidden numbers
         c.rollout.response_length = 256
     return c

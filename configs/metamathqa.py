@@ -9,7 +9,7 @@ Three answers per question here; RAGEN's tag allows one (``max_actions_per_traj:
 ``--config.rollout.max_turn=1 --config.rollout.max_actions_per_traj=1`` reproduces. The tiny
 preset plays our own 26-question sample (``tests/data/metamathqa_sample.jsonl``); validation
 is held out by question text, so a file needs more distinct questions than
-``rollout.val_groups`` (256) draws to leave some for training.
+``rollout.val.env_groups`` (256) draws to leave some for training.
 
 ``python launch.py --config configs/metamathqa.py[:preset]``.
 """
@@ -31,6 +31,6 @@ def get_config(preset: str = "tiny"):
     c.rollout.max_actions_per_traj = 3
     if preset == "tiny":
         c.env.params.data_path = str(SAMPLE)
-        c.rollout.val_groups = 8  # of the sample's 26 questions
+        c.rollout.val.env_groups = 8  # of the sample's 26 questions
         c.rollout.response_length = 24  # a short answer and the tags
     return c

@@ -4,7 +4,7 @@
 ``python launch.py --config configs/mixed.py[:preset]``. Each env's params are its own config
 file's for the same preset (``configs/sokoban.py``, ``configs/frozenlake.py``: the tiny
 preset's FrozenLake reads coordinates and does not slip). Validation splits
-``rollout.val_groups`` between them in proportion to their groups (``val_groups=-1``).
+``rollout.val.env_groups`` between them in proportion to their groups (no entry gives ``val_groups``).
 Metrics per tag: ``train/SimpleSokoban/success``, ``val-env/FrozenLake/success``, ...
 
 Change the mixture on the command line, one entry's field at a time

@@ -4,21 +4,35 @@ and a multi-turn JAX grid world, 4 groups each per step, trained in one batch.
 ``python launch.py --config configs/mixed_countdown.py[:preset]``. Each env's params and
 per-env rollout settings are its own config file's for the same preset
 (``configs/countdown.py``: one answer per puzzle and a longer response; ``configs/sokoban.py``:
-the run's multi-turn budget). Validation splits ``rollout.val_groups`` between them in
+the run's multi-turn budget). Validation splits ``rollout.val.env_groups`` between them in
 proportion to their groups. Metrics per tag: ``train/Countdown/success``,
 ``val-env/SimpleSokoban/success``, ... See ``configs/mixed.py`` for changing the mixture on
 the command line.
 """
 
 from configs import base, countdown, sokoban
-from ragen_jax.schema import MIX_ROLLOUT_FIELDS
+from ragen_jax.config.schema import MIX_ROLLOUT_FIELDS
+
+
+def _field(section, path: str):
+    for name in path.split("."):
+        section = section[name]
+    return section
 
 
 def _own_rollout(env_config, run_config) -> dict:
     """The entry's ``rollout`` overrides: the per-env fields where its own config differs from
-    the mixed run's."""
-    return {k: env_config.rollout[k] for k in MIX_ROLLOUT_FIELDS
-            if env_config.rollout[k] != run_config.rollout[k]}
+    the mixed run's (a section's nested: ``{"prompt": {"turn_template": ...}}``)."""
+    own = {}
+    for path in MIX_ROLLOUT_FIELDS:
+        value = _field(env_config.rollout, path)
+        if value != _field(run_config.rollout, path):
+            *sections, name = path.split(".")
+            node = own
+            for section in sections:
+                node = node.setdefault(section, {})
+            node[name] = value
+    return own
 
 
 def get_config(preset: str = "tiny"):

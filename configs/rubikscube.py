@@ -4,7 +4,7 @@ and 25 turns a game, the last 5 turns in the prompt; reward 1 when solved. RAGEN
 non-physical B included (``ragen_jax.envs.rubiks``); ``--config.env.params.moves=physical``
 plays a real cube.
 
-Why depth 3: validation levels are never trained on (``rollout.held_out_val``, by level
+Why depth 3: validation levels are never trained on (``rollout.val.held_out``, by level
 identity), and RAGEN's depth 1 has only 12 distinct scrambles, every one of them among the 256
 validation seeds, so no training level would be left. Three independent moves give 1,016
 distinct scrambles (none of them solved, unlike depth 2's 8%); the 256 validation seeds meet

@@ -32,7 +32,7 @@ def get_config(preset: str = "tiny"):
         c.env.params.data_path = str(DATA / "search_questions.jsonl")
         c.env.params.corpus_path = str(DATA / "search_corpus.jsonl")
         c.env.params.passage_chars = 200
-        c.rollout.val_groups = 2  # of the sample's 6 questions
+        c.rollout.val.env_groups = 2  # of the sample's 6 questions
         c.rollout.response_length = 32
     else:
         c.rollout.response_length = 256

@@ -37,7 +37,7 @@ def get_config(preset: str = "tiny"):
         c.env.params.num_games = 8
         c.rollout.max_turn = 3
         c.rollout.max_actions_per_traj = 3
-        c.rollout.val_groups = 2  # of the 8 games
+        c.rollout.val.env_groups = 2  # of the 8 games
         c.rollout.response_length = 16  # one short command and the tags
         c.rollout.max_model_len = 2048  # three turns of ~400-character observations
     else:

@@ -13,6 +13,7 @@ run these on saved runs and on a fresh tiny model.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -20,8 +21,10 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from ragen_jax.config import legacy
 from ragen_jax.envs.registry import make
 from ragen_jax.envs.solvers import solve
+from ragen_jax.rollout.config import RolloutConfig
 from ragen_jax.rollout.context import ChatFormat, ContextConfig, parse_response, user_message
 from ragen_jax.rollout.env_driver import JaxEnvDriver, env_functions, row_state
 from ragen_jax.rollout.scripted import LegalActions
@@ -65,10 +68,12 @@ def first_action(answer: str, names: tuple[str, ...], context: ContextConfig) ->
 
 
 def run_context(config: dict) -> ContextConfig:
-    """The parsing settings of the run whose ``config.json`` is ``config``."""
-    rollout, default = config.get("rollout", {}), ContextConfig()
-    return ContextConfig(enable_think=rollout.get("enable_think", default.enable_think),
-                         max_actions_per_turn=rollout.get("max_actions_per_turn", default.max_actions_per_turn))
+    """The parsing settings of the run whose ``config.json`` is ``config`` (of any schema:
+    ``config.legacy.upgrade``)."""
+    rollout, default = legacy.upgrade(config).get("rollout", {}), RolloutConfig()
+    think = rollout.get("prompt", {}).get("enable_think", default.prompt.enable_think)
+    return dataclasses.replace(default.context, enable_think=think, max_actions_per_turn=rollout.get(
+        "max_actions_per_turn", default.max_actions_per_turn))
 
 
 def first_move_accuracy(jsonl: Path, share: float | None = None) -> dict[str, float]:
@@ -161,8 +166,8 @@ def encode_board_rows(env: Any, rows: list, tokenizer: Any, form: str, num_actio
     ``ContextConfig``'s); ``form="bare"``: the grid text and one query token of its own.
     """
     if form == "chat":
-        template = ContextConfig().turn_template if turn_template is None else turn_template
-        cfg = ContextConfig(enable_think=False, turn_template=template)
+        template = RolloutConfig().context.turn_template if turn_template is None else turn_template
+        cfg = dataclasses.replace(RolloutConfig().context, enable_think=False, turn_template=template)
         chat = ChatFormat(tokenizer, cfg)
         texts = [chat.next_chunk(user_message(cfg, turn=1, state=env.render_text(s), actions_left=10),
                                  emitted_eot=True) for s, *_ in rows]

@@ -16,7 +16,7 @@ adapters; p and c the bytes of ``model.param_dtype`` and of the compute dtype):
   37.4 GiB of weights, moments and sampling copy on an H200, docs/scaling.md, is this term.)
 * **rollout**: the sampler's KV cache, rows x tokens x 2 (keys and values) x layers x KV
   heads x head dim x c, for the larger batch: training (``rollout.env_groups x
-  rollout.group_size``) or validation (every env's ``val_groups`` x ``rollout.val_group_size``).
+  rollout.group_size``) or validation (every env's ``val_groups`` x ``rollout.val.group_size``).
 * **update**: one pass of ``actor.ppo_mini_batch_size / actor.micro_batches`` rows x tokens,
   each token keeping layers x v values in c for the backward pass (``model.remat``: ``none``
   6 hidden + 3 intermediate, ``dots`` the weight matmuls' outputs, ~4 hidden + 2
@@ -54,8 +54,10 @@ from typing import Any
 import jax
 import numpy as np
 
+from ragen_jax.config.fields import ConfigError
+from ragen_jax.config.resolve import Resolved
+from ragen_jax.config.schema import DTYPES, compute_dtype
 from ragen_jax.models import QwenConfig
-from ragen_jax.schema import DTYPES, ConfigError, Resolved, compute_dtype
 from ragen_jax.starpo.token_scores import MAX_CHUNK_LOGITS
 
 GIB = 2**30
@@ -138,11 +140,11 @@ def estimate(plan: Resolved, arch: QwenConfig, tokens: int, *, update: bool = Tr
         weights += total * p
     r = plan.rollout
     val_groups = sum(e.val_groups for e in plan.envs)  # every env's, validated in one batch
-    train_rows, val_rows = r.env_groups * r.group_size, val_groups * r.val_group_size
+    train_rows, val_rows = r.env_groups * r.group_size, val_groups * r.val.group_size
     rows, field = ((train_rows, f"rollout.env_groups x rollout.group_size = {r.env_groups} x "
                                 f"{r.group_size}") if train_rows >= val_rows else
-                   (val_rows, f"rollout.val_groups x rollout.val_group_size = {val_groups} x "
-                              f"{r.val_group_size}"))
+                   (val_rows, f"rollout.val.env_groups x rollout.val.group_size = {val_groups} x "
+                              f"{r.val.group_size}"))
     d = arch.head_dim or arch.hidden_size // arch.num_attention_heads
     kv_per_token = 2 * arch.num_hidden_layers * arch.num_key_value_heads * d * c
     pass_rows = max(1, run.actor.ppo_mini_batch_size // run.actor.micro_batches)

@@ -20,8 +20,8 @@ import jax
 import numpy as np
 
 from ragen_jax import distributed as dist
+from ragen_jax.config.schema import DiagnosticsConfig
 from ragen_jax.rollout.batch import RolloutBatch
-from ragen_jax.schema import DiagnosticsConfig
 from ragen_jax.shapes import HighWater, round_up
 from ragen_jax.starpo.diagnostics import (
     collapse_metrics,

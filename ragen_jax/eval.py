@@ -8,8 +8,8 @@ with ``--checkpoint`` the run's saved ``config.json``): the policy is ``model`` 
 Face folder, or the tiny random model, whose answers are noise) or the checkpoint's actor,
 the envs are the run's, and the episodes are exactly validation's (``rollout.mix.collect_val``):
 per env of the run (the env, its ``env.val_extra`` envs, or each ``env.mix`` entry with its
-``val_groups``), ``val_groups x rollout.val_group_size`` envs on the seeds
-``rollout.val_seed + i`` (the same every run), sampled at ``rollout.val_temperature``
+``val_groups``), ``val_groups x rollout.val.group_size`` envs on the seeds
+``rollout.val.seed + i`` (the same every run), sampled at ``rollout.val.temperature``
 (RAGEN's 0.5; 0 is greedy). It writes, under ``--out``:
 
 * ``metrics.json``: the RAGEN-named metrics per env tag (``{tag}/success``, ``pass@k``, ...),
@@ -36,7 +36,9 @@ import jax
 from ml_collections import ConfigDict
 
 from ragen_jax.compilation import enable_persistent_cache
-from ragen_jax.config import load_config, load_run_config
+from ragen_jax.config.loading import from_config_dict, load_config, load_run_config, to_config_dict
+from ragen_jax.config.resolve import resolve
+from ragen_jax.config.schema import compute_dtype
 from ragen_jax.host_memory import return_large_frees_to_os
 from ragen_jax.models import CheckpointError, compute_copy
 from ragen_jax.policy import build_actor, load_policy, load_tokenizer, stop_ids
@@ -44,7 +46,6 @@ from ragen_jax.rollout.agent import AgentRollout
 from ragen_jax.rollout.batch import RolloutBatch
 from ragen_jax.rollout.mix import EnvSlot, collect_val
 from ragen_jax.rollout.sampler import Sampler
-from ragen_jax.schema import compute_dtype, from_config_dict, resolve, to_config_dict
 from ragen_jax.train import build_envs, write_trajectories
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "sokoban.py"

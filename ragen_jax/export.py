@@ -27,12 +27,12 @@ from pathlib import Path
 
 from ml_collections import ConfigDict
 
-from ragen_jax.config import load_config, load_run_config
+from ragen_jax.config.loading import load_config, load_run_config
+from ragen_jax.config.schema import DTYPES
 from ragen_jax.models import CheckpointError, hf_folder, save_pretrained
 from ragen_jax.models.lora import merge_lora
 from ragen_jax.models.weights import folder_dtype
 from ragen_jax.policy import load_policy, stop_ids
-from ragen_jax.schema import DTYPES
 
 
 def export(run_dir: str | Path, out: str | Path, step: int | None = None,

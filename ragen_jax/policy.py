@@ -22,7 +22,8 @@ from flax import nnx
 from jax.sharding import Mesh, SingleDeviceSharding
 
 from ragen_jax.checkpoint import CheckpointStore
-from ragen_jax.config import load_run_config
+from ragen_jax.config.loading import from_config_dict, load_run_config
+from ragen_jax.config.schema import DTYPES, ModelConfig, RunConfig, compute_dtype
 from ragen_jax.models import (
     CheckpointError,
     Qwen2ForCausalLM,
@@ -36,7 +37,6 @@ from ragen_jax.models.lora import add_lora
 from ragen_jax.models.placement import shard_model
 from ragen_jax.models.weights import load_config as load_model_config
 from ragen_jax.models.weights import tensor_files
-from ragen_jax.schema import DTYPES, ModelConfig, RunConfig, compute_dtype, from_config_dict
 from ragen_jax.starpo.update import Networks, StepSettings, TrainState, init_state
 
 

@@ -9,6 +9,7 @@ RL uses (the warm start's, ``ragen_jax.warmstart``, included).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable
@@ -23,7 +24,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ragen_jax.rollout.batch import position_ids
-from ragen_jax.rollout.context import ChatFormat, ContextConfig
+from ragen_jax.rollout.config import RolloutConfig
+from ragen_jax.rollout.context import ChatFormat
 from ragen_jax.starpo.optimizer_step import Prefixes
 from ragen_jax.starpo.rows import after_prefix, group_prefix_lengths, prefix_table
 from ragen_jax.starpo.token_scores import token_logprobs
@@ -33,7 +35,7 @@ def conversation_data(path: str | os.PathLike, tokenizer: Any, *, max_len: int,
                       pad_multiple: int = 64) -> dict[str, np.ndarray]:
     """Token arrays from a JSONL of ``{"messages": [...]}`` conversations (see module doc).
     Conversations longer than ``max_len`` tokens are cut there."""
-    chat = ChatFormat(tokenizer, ContextConfig(prefill_tag=False))
+    chat = ChatFormat(tokenizer, dataclasses.replace(RolloutConfig().context, prefill_tag=False))
     rows, masks = [], []
     for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():

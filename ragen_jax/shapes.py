@@ -36,7 +36,7 @@ class HighWater:
 
 
 def update_multiple(pad_multiple: int, max_model_len: int) -> int:
-    """The update rows' width step: ``actor.pad_multiple``, or when it is 0, an eighth of
+    """The update rows' width step: ``actor.row_pad_multiple``, or when it is 0, an eighth of
     the context window rounded up to 64 (a coarse step: a batch's longest trajectory varies
     by a few tokens from step to step, and each width is an update program of its own)."""
     return pad_multiple or round_up(-(-max_model_len // 8), 64)

@@ -42,7 +42,11 @@ from ragen_jax.checkpoint import (
 )
 from ragen_jax.collapse_monitor import KINDS, CollapseMonitor
 from ragen_jax.compilation import CompileWatch, enable_persistent_cache, progress_note
-from ragen_jax.config import use_run_snapshot
+from ragen_jax.config.fields import ConfigError
+from ragen_jax.config.loading import from_config_dict, to_config_dict, use_run_snapshot
+from ragen_jax.config.resolve import micro_batch_warning, resolve
+from ragen_jax.config.schema import RunConfig
+from ragen_jax.config.summary import SETTINGS_FILE, full_settings, start_summary
 from ragen_jax.early_stopping import Streaks, early_stop_reason
 from ragen_jax.envs import make
 from ragen_jax.host_memory import return_large_frees_to_os
@@ -60,15 +64,6 @@ from ragen_jax.rollout.mix import (
     validation_levels,
 )
 from ragen_jax.rollout.sampler import Sampler
-from ragen_jax.run_summary import SETTINGS_FILE, full_settings, start_summary
-from ragen_jax.schema import (
-    ConfigError,
-    RunConfig,
-    from_config_dict,
-    micro_batch_warning,
-    resolve,
-    to_config_dict,
-)
 from ragen_jax.shapes import HighWater, update_multiple
 from ragen_jax.sharding import make_mesh
 from ragen_jax.starpo import gradient_analysis
@@ -97,7 +92,7 @@ class Trainer:
         self.on_step = on_step
         self.is_main = jax.process_index() == 0
         self.out = self.plan.output_dir
-        self.mesh = make_mesh((run.mesh.data, run.mesh.fsdp, run.mesh.tensor))
+        self.mesh = make_mesh(run.mesh.shape)
         warning = micro_batch_warning(self.plan.step, self.mesh.shape["data"] * self.mesh.shape["fsdp"])
         if warning and self.is_main:
             print(warning, flush=True)
@@ -118,7 +113,7 @@ class Trainer:
         # Validation is held out by level, not by seed: training and the prior's data skip
         # every level a validation env plays (small generators repeat levels across seeds).
         self.held_out = (validation_levels(self.slots, self.plan.rollout)
-                         if run.rollout.held_out_val else np.zeros(0, np.uint64))
+                         if run.rollout.val.held_out else np.zeros(0, np.uint64))
         for slot in self.slots:
             slot.rollout.hold_out(self.held_out)
         self.tag = self.slots[0].tag  # the first env's (with one env, the run's)
@@ -132,19 +127,19 @@ class Trainer:
         # resumed run picks the shapes the run it continues would have.
         self.marks = HighWater()
         self.sampler.marks = self.marks
-        self.update_multiple = update_multiple(run.actor.pad_multiple, run.rollout.max_model_len)
+        self.update_multiple = update_multiple(run.actor.row_pad_multiple, run.rollout.max_model_len)
         self.row_settings = RowSettings(
             mini_batch_size=run.actor.ppo_mini_batch_size, pad_multiple=self.update_multiple,
-            share_prefixes=run.actor.share_prefix, sample_unit=run.algorithm.sample_unit,
+            share_prefixes=run.actor.share_prompt_forward, sample_unit=run.algorithm.sample_unit,
             micro_batches=run.actor.micro_batches,
             # Sorting rows by length inside the update would move them between devices.
             long_rows_apart=run.actor.long_rows_apart and self.mesh.size == 1)
         self._init_state()
         # RAGEN computes the collapse diagnostics in the full context window only; a windowed
         # run's first turn saw its transcript's first prompt, so its first-turn pairs are kept.
-        kinds = KINDS if run.rollout.context_window == "full" else ("first_turn_sample",)
+        kinds = KINDS if run.rollout.window.mode == "full" else ("first_turn_sample",)
         self.monitor = CollapseMonitor(run.diagnostics, seed=run.seed,
-                                       enable_think=run.rollout.enable_think, kinds=kinds,
+                                       enable_think=run.rollout.prompt.enable_think, kinds=kinds,
                                        groups=run.rollout.env_groups,
                                        max_input_len=run.rollout.max_model_len,
                                        max_answer_len=run.rollout.response_length)
@@ -182,7 +177,7 @@ class Trainer:
             with _timed(timings, "filter_entropy"):
                 entropies = trajectory_entropies(
                     self.policy, batch.input_ids, batch.attention_mask, batch.position_ids,
-                    batch.loss_mask, self.plan.rollout.temperature,
+                    batch.loss_mask, self.plan.rollout.sampling.temperature,
                     self.run.actor.ppo_mini_batch_size // self.run.actor.micro_batches)
         every = gather_episodes(batch, groups, entropies)  # every process's groups
         # The padding of the whole batch (every process's rows) at the update's width: what
@@ -342,7 +337,7 @@ class Trainer:
             self.logger.print(text)
 
     def _validate_and_record(self, metrics: dict[str, float]) -> None:
-        episodes = sum(s.val_groups for s in self.slots) * self.run.rollout.val_group_size
+        episodes = sum(s.val_groups for s in self.slots) * self.run.rollout.val.group_size
         first = "val" not in self._compiled  # its sampler shapes compile: say so in a log too
         self._compiled.add("val")
         with _timed(metrics, "val"), self._phase(
@@ -388,7 +383,7 @@ class Trainer:
             self.log(f"resumed from {self.store.path}/{self.step}")
             return {"resumed_from": self.step}
         w = self.run.warmstart
-        warmed = bool(w.steps or w.turn_steps or self.run.sft.steps)
+        warmed = bool(w.steps or w.turns.steps or self.run.sft.steps)
         metrics = self.warmstart() if warmed else {}
         if self.run.trainer.val_before_train:
             self._validate_and_record(metrics)

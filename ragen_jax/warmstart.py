@@ -4,7 +4,7 @@ A random-init tiny model cannot emit a parsable answer, so RL would learn nothin
 Before the first RL step the trainer calls ``WarmStart`` once, which runs, in order:
 
 * the optional SFT stage on chat transcripts (``config.sft``: ``sft.conversation_data``);
-* single-turn steps (``warmstart.turn_steps``) on ``turn_observation_rows``: each answered
+* single-turn steps (``warmstart.turns.steps``) on ``turn_observation_rows``: each answered
   turn of scripted episodes, cut out short, which teaches reading the state;
 * whole-episode steps (``warmstart.steps``) on ``warmstart_data``: scripted episodes in the
   rollout's own multi-turn chat format, answered with random valid actions
@@ -36,15 +36,16 @@ from jax.sharding import Mesh
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
+from ragen_jax.config.schema import RunConfig, WarmstartConfig
 from ragen_jax.policy import build_actor, trained
 from ragen_jax.progress import Phase
-from ragen_jax.rollout.agent import AgentRollout, RolloutConfig
+from ragen_jax.rollout.agent import AgentRollout
 from ragen_jax.rollout.batch import Episode
+from ragen_jax.rollout.config import RolloutConfig
 from ragen_jax.rollout.context import ChatFormat
 from ragen_jax.rollout.env_driver import row_state
 from ragen_jax.rollout.mix import EnvSlot
 from ragen_jax.rollout.scripted import RandomActionPolicy, SolverMixturePolicy
-from ragen_jax.schema import RunConfig, WarmstartConfig
 from ragen_jax.sft import conversation_data, left_aligned, train_sft
 
 # ----------------------------------------------------------------------------------------------
@@ -104,7 +105,7 @@ def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutCon
         metrics.update({k.split("/", 1)[-1]: v for k, v in batch.metrics.items()})
     if observation_rows is not None:
         observation_rows.update(turn_observation_rows(batch.episodes, rollout.chat, system=system_rows,
-                                                      pad_multiple=config.pad_multiple))
+                                                      pad_multiple=config.sampler.prompt_pad_multiple))
     return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
             "position_ids": batch.position_ids, "loss_mask": batch.loss_mask,
             "group_ids": batch.group_ids}
@@ -201,8 +202,8 @@ def cache_inputs(run: RunConfig, rollout: RolloutConfig, seed: int, vocab: dict[
     step: RL's sampling (the scripted policies sample nothing), batch shape (``env_groups``,
     ``group_size``), context window and score placement (the data is the whole transcript:
     ``tests/test_sft.py`` checks it is the same), validation settings (only through the
-    held-out levels, which are in), the sampler's memory layout (``group_prefix``,
-    ``cache_multiple``) and ``warmstart.cache`` itself.
+    held-out levels, which are in), the sampler's memory layout (``sampler.share_prompt_cache``,
+    ``sampler.cache_multiple``) and ``warmstart.cache`` itself.
 
     Version 1 keys (a ``repr`` of the rollout settings) name other folders: a prior cached
     under one is not found and is simply built again under this key."""
@@ -221,17 +222,17 @@ def cache_inputs(run: RunConfig, rollout: RolloutConfig, seed: int, vocab: dict[
                       "solver_share": w.solver_share, "steps": w.steps,
                       "batch_size": w.batch_size, "lr": w.lr},
         # The single-turn rows (their own policy, episodes and form) and their steps.
-        "turns": {"steps": w.turn_steps, "batch_size": w.turn_batch_size,
-                  "solver_share": w.turn_share, "episodes": w.turn_episodes,
-                  "system_prompt": w.turn_system_prompt} if w.turn_steps else None,
+        "turns": {"steps": w.turns.steps, "batch_size": w.turns.batch_size,
+                  "solver_share": w.turn_share, "episodes": w.turns.episodes,
+                  "system_prompt": w.turns.system_prompt} if w.turns.steps else None,
         # The episodes' length: turns, actions, tokens; when one ends as too long; the
         # answer budget and stop strings that cut a scripted answer; the rows' padding.
         "episodes": {"max_turn": rollout.max_turn,
                      "max_actions_per_traj": rollout.max_actions_per_traj,
                      "response_length": rollout.response_length,
-                     "max_model_len": rollout.max_model_len, "overlong": rollout.overlong,
-                     "stop_strings": list(rollout.stop_strings),
-                     "pad_multiple": rollout.pad_multiple},
+                     "max_model_len": rollout.max_model_len, "overlong": rollout.window.overlong,
+                     "stop_strings": list(rollout.sampling.stop_strings),
+                     "pad_multiple": rollout.sampler.prompt_pad_multiple},
         # The prompts' wording and the answers' format and parsing (``ContextConfig``).
         "context": dataclasses.asdict(rollout.context),
         # The tokens every text becomes.
@@ -328,7 +329,7 @@ class WarmStart:
         if run.sft.steps:
             metrics |= self._chat_sft(actor)
         w = run.warmstart
-        if w.steps or w.turn_steps:
+        if w.steps or w.turns.steps:
             seed = w.seed_for(run.seed)
             tiny = not run.model.path and not run.model.lora_rank and not run.sft.steps
             if tiny and seed != run.seed:
@@ -371,11 +372,11 @@ class WarmStart:
         whole-episode steps."""
         w, pad_id = self.run.warmstart, self.tokenizer.pad_token_id or 0
         parts, turns, metrics = self._data(w, seed)
-        if w.turn_steps:  # single-turn observation rows first (turn_observation_rows)
-            with self.phase("warm-start, single turns", w.turn_steps,
-                            _STEPS_NOTE.format(w.turn_steps)) as phase:
-                losses = train_sft(actor, concat_data(turns, pad_id=pad_id), steps=w.turn_steps,
-                                   batch_size=w.turn_batch_size, lr=w.lr,
+        if w.turns.steps:  # single-turn observation rows first (turn_observation_rows)
+            with self.phase("warm-start, single turns", w.turns.steps,
+                            _STEPS_NOTE.format(w.turns.steps)) as phase:
+                losses = train_sft(actor, concat_data(turns, pad_id=pad_id), steps=w.turns.steps,
+                                   batch_size=w.turns.batch_size, lr=w.lr,
                                    progress=_loss_progress(phase), **self._fit(seed))
             metrics |= {"warmstart/turn_loss_first": losses[0], "warmstart/turn_loss_last": losses[-1]}
         if w.steps:
@@ -394,24 +395,24 @@ class WarmStart:
         slots = [s for s in self.slots if s.groups]
         total = sum(s.groups for s in slots)
         parts, stats, turns = [], [], []
-        episodes = w.episodes + (w.turn_episodes if w.own_turn_data else 0)
+        episodes = w.episodes + (w.turns.episodes if w.own_turn_data else 0)
         data_phase = self.phase("warm-start data", None, f"playing ~{episodes} scripted episodes")
         for slot in slots:
             share = lambda n, groups=slot.groups: max(1, round(n * groups / total))  # noqa: E731  (this env's part of n episodes)
             stats.append({})
-            turns.append({} if w.turn_steps else None)
+            turns.append({} if w.turns.steps else None)
             data = dict(env=slot.rollout.env, env_params=slot.rollout.env_params, tokenizer=self.tokenizer,
                         config=slot.rollout.config, seed=seed, legal_only=w.legal_actions,
                         episodes=share(w.episodes), held_out=self.held_out)
             parts.append(warmstart_data(**data, solver_share=w.solver_share, metrics=stats[-1],
                                         observation_rows=None if w.own_turn_data else turns[-1]))
             if w.own_turn_data:  # the single-turn rows' own episodes and form
-                own = {"seed": seed + 1} | ({"episodes": share(w.turn_episodes), "group_size": 1}
-                                            if w.turn_episodes else {})
+                own = {"seed": seed + 1} | ({"episodes": share(w.turns.episodes), "group_size": 1}
+                                            if w.turns.episodes else {})
                 warmstart_data(**data | own, solver_share=w.turn_share,
-                               observation_rows=turns[-1], system_rows=w.turn_system_prompt)
-                if w.turn_system_prompt:
-                    turns[-1] |= shared_prefix_batches(turns[-1], w.turn_batch_size, seed)
+                               observation_rows=turns[-1], system_rows=w.turns.system_prompt)
+                if w.turns.system_prompt:
+                    turns[-1] |= shared_prefix_batches(turns[-1], w.turns.batch_size, seed)
         data_phase.close()
         return parts, turns, _data_metrics(slots, parts, stats)
 

@@ -143,7 +143,7 @@ def _launch_micro(out: Path, *, read_only: Path | None = None, chmod: Path | Non
            "--config.trainer.progress=False", "--config.model.hidden_size=64",
            "--config.model.intermediate_size=128", "--config.model.num_hidden_layers=2",
            "--config.rollout.env_groups=2", "--config.rollout.group_size=4",
-           "--config.rollout.val_groups=4", "--config.actor.ppo_mini_batch_size=4",
+           "--config.rollout.val.env_groups=4", "--config.actor.ppo_mini_batch_size=4",
            "--config.warmstart.steps=3", "--config.warmstart.episodes=8",
            "--config.warmstart.batch_size=4", "--config.rollout.response_length=8"]
     if read_only is not None:

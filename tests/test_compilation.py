@@ -105,7 +105,7 @@ def test_a_multi_turn_run_compiles_nothing_after_its_first_cycle(tmp_path):
     compiles by the end of the first step (after the first validation); no later step
     compiles. Without the shape marks (ragen_jax.shapes) the sampler's first-turn bucket,
     the update's width and the diagnostics' inputs compiled again at steps 4 and 11."""
-    from ragen_jax.config import load_config
+    from ragen_jax.config.loading import load_config
     from ragen_jax.train import run
 
     config = load_config([
@@ -115,11 +115,11 @@ def test_a_multi_turn_run_compiles_nothing_after_its_first_cycle(tmp_path):
         "--config.trainer.save_freq=100", "--config.diagnostics.compute_freq=5",
         "--config.model.hidden_size=64", "--config.model.intermediate_size=128",
         "--config.model.num_hidden_layers=2",
-        "--config.warmstart.steps=2", "--config.warmstart.turn_steps=0",
+        "--config.warmstart.steps=2", "--config.warmstart.turns.steps=0",
         "--config.warmstart.episodes=16", "--config.warmstart.batch_size=8",
         "--config.warmstart.cache=False", "--config.warmstart.solver_share=0",
-        "--config.rollout.stop_strings=('</answer>',)", "--config.rollout.env_groups=4",
-        "--config.rollout.group_size=4", "--config.rollout.val_groups=8",
+        "--config.rollout.sampling.stop_strings=('</answer>',)", "--config.rollout.env_groups=4",
+        "--config.rollout.group_size=4", "--config.rollout.val.env_groups=8",
         "--config.actor.ppo_mini_batch_size=16"])
     summary = run(config)
     metrics = read_jsonl(tmp_path / "metrics.jsonl")

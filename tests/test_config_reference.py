@@ -2,8 +2,8 @@
 
 import dataclasses
 
-from ragen_jax import config_reference as ref
-from ragen_jax.schema import RunConfig
+from ragen_jax.config import reference as ref
+from ragen_jax.config.schema import RunConfig
 
 
 @dataclasses.dataclass
@@ -28,6 +28,8 @@ def test_reference_shows_every_field_with_its_default():
         assert f"| `{d.name}` | `{d.type}` |" in page
     assert "| `rollout.max_turn` | `int` | `5` |" in page
     assert "`config.env.mix[i]`" in page
+    assert "| `rollout.sampling.temperature` | `float` | `1.0` |" in page  # a nested section's
+    assert "`config.warmstart.turns`" in page
 
 
 def test_sections_cover_the_run_config():

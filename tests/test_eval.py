@@ -10,15 +10,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_eval_writes_metrics_trajectories_and_viewer(tmp_path, capsys):
     out = tmp_path / "eval"
-    summary = ev.main(["--config.rollout.val_groups=2", "--config.rollout.val_group_size=2",
+    summary = ev.main(["--config.rollout.val.env_groups=2", "--config.rollout.val.group_size=2",
                        "--config.rollout.max_turn=2", "--config.rollout.response_length=16",
-                       "--config.rollout.enable_think=True", "--config.model.hidden_size=64",
+                       "--config.rollout.prompt.enable_think=True", "--config.model.hidden_size=64",
                        "--config.model.num_hidden_layers=2", "--out", str(out)])
     printed = capsys.readouterr().out
     assert "Sokoban/success" in printed and "tiny random model" in printed
     assert printed.startswith("compute dtype: float32 (model.dtype=float32, on XLA:CPU)\n")
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["episodes"] == 4 and metrics["config"]["rollout"]["val_temperature"] == 0.5
+    assert metrics["episodes"] == 4 and metrics["config"]["rollout"]["val"]["temperature"] == 0.5
     for key in ("success", "num_actions", "action_is_effective", "action_is_valid",
                 "format_error_rate", "pass@2", "response_length", "episodic_return"):
         assert f"Sokoban/{key}" in metrics["metrics"], key
@@ -77,9 +77,9 @@ def test_unknown_override_is_one_line_error(tmp_path):
 def test_eval_plays_the_runs_context_window(tmp_path, capsys):
     """The window mode is part of the rollout config a run validates with: eval plays it."""
     out = tmp_path / "eval"
-    ev.main(["--config.rollout.val_groups=2", "--config.rollout.val_group_size=1",
+    ev.main(["--config.rollout.val.env_groups=2", "--config.rollout.val.group_size=1",
              "--config.rollout.max_turn=3", "--config.rollout.response_length=8",
-             "--config.rollout.context_window=limited", "--config.rollout.window_turns=1",
+             "--config.rollout.window.mode=limited", "--config.rollout.window.turns=1",
              "--config.algorithm.sample_unit=turn", "--config.model.hidden_size=64",
              "--config.model.num_hidden_layers=2", "--out", str(out)])
     capsys.readouterr()
@@ -93,10 +93,10 @@ def test_eval_plays_the_runs_context_window(tmp_path, capsys):
 def test_eval_of_a_mixed_config_plays_what_the_run_validates(tmp_path, capsys):
     """configs/mixed.py: each env's share of the validation groups, per-tag metrics, and the
     very episodes (tags, seeds, prompts) a training run's validation plays."""
-    from ragen_jax.config import load_config
+    from ragen_jax.config.loading import load_config
     from ragen_jax.train import Trainer
 
-    args = ["--config", str(ROOT / "configs/mixed.py"), "--config.rollout.val_groups=3",
+    args = ["--config", str(ROOT / "configs/mixed.py"), "--config.rollout.val.env_groups=3",
             "--config.rollout.max_turn=1", "--config.rollout.response_length=8",
             "--config.model.hidden_size=64", "--config.model.num_hidden_layers=2",
             f"--config.trainer.output_dir={tmp_path / 'run'}"]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ragen_jax import warmstart
-from ragen_jax.config import load_config
+from ragen_jax.config.loading import load_config
 from ragen_jax.rollout.agent import AgentRollout, train_seeds
 from ragen_jax.rollout.env_driver import row_state
 from ragen_jax.train import Trainer
@@ -41,7 +41,7 @@ def test_prior_data_and_training_stream_hold_out_every_validation_level(config, 
         "--config.model.hidden_size=32", "--config.model.intermediate_size=64",
         "--config.model.num_hidden_layers=1",
         # The presets' data, smaller: the same generators, policies and seeds.
-        "--config.warmstart.episodes=256", "--config.warmstart.turn_episodes=256"])
+        "--config.warmstart.episodes=256", "--config.warmstart.turns.episodes=256"])
     played: list[str] = []  # every starting state of the prior's scripted episodes
     played_ids: list[int] = []  # and their level ids
     collect = AgentRollout.collect
@@ -67,7 +67,7 @@ def test_prior_data_and_training_stream_hold_out_every_validation_level(config, 
     by_text = config not in ("game2048", "gem")
     val = set()
     for slot in trainer.slots:
-        val |= set(rendered(slot.rollout, trainer.plan.rollout.val_seed + np.arange(slot.val_groups),
+        val |= set(rendered(slot.rollout, trainer.plan.rollout.val.seed + np.arange(slot.val_groups),
                             held_out=False))
     states = [s for s in played if not s.startswith("redrawn:")]
     # About 256 episodes: whole groups of one per action name (the cube: 21 x 12).
@@ -107,9 +107,9 @@ def test_rubikscube_depth1_variant_validates_on_training_levels_and_cannot_hold_
     trainer = Trainer(load_config(args))
     assert trainer.held_out.size == 0
     slot = trainer.slots[0]
-    val = set(rendered(slot.rollout, trainer.plan.rollout.val_seed + np.arange(slot.val_groups), held_out=False))
+    val = set(rendered(slot.rollout, trainer.plan.rollout.val.seed + np.arange(slot.val_groups), held_out=False))
     assert len(val) == 12  # every depth-1 scramble is a validation level
-    held = Trainer(load_config(args + ["--config.rollout.held_out_val=True",
+    held = Trainer(load_config(args + ["--config.rollout.val.held_out=True",
                                        f"--config.trainer.output_dir={tmp_path / 'h'}"]))
     with pytest.raises(HeldOutError):
         rendered(held.slots[0].rollout, train_seeds(held.plan.rollout, 0), held_out=True)
@@ -119,12 +119,12 @@ def test_val_extra_levels_are_held_out_too_and_bandit_validates_on_training_leve
     run = load_config([
         "--config", str(ROOT / "configs/frozenlake.py"), f"--config.trainer.output_dir={tmp_path}",
         "--config.model.hidden_size=32", "--config.model.intermediate_size=64",
-        "--config.model.num_hidden_layers=1", "--config.rollout.val_groups=64"])
+        "--config.model.num_hidden_layers=1", "--config.rollout.val.env_groups=64"])
     run.env.val_extra = {"FrozenLakeDense": {"p": 0.7}}  # another map distribution, validation only
     trainer = Trainer(run)
     extra = trainer.rollouts["FrozenLakeDense"]
-    ids = extra.level_ids(trainer.plan.rollout.val_seed + np.arange(64), held_out=False)
-    main = trainer.rollouts["FrozenLake"].level_ids(trainer.plan.rollout.val_seed + np.arange(64),
+    ids = extra.level_ids(trainer.plan.rollout.val.seed + np.arange(64), held_out=False)
+    main = trainer.rollouts["FrozenLake"].level_ids(trainer.plan.rollout.val.seed + np.arange(64),
                                                    held_out=False)
     assert set(ids) | set(main) == set(trainer.held_out.tolist())
     stream = trainer.rollouts["FrozenLake"].level_ids(train_seeds(trainer.plan.rollout, 0).repeat(8))

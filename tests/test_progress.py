@@ -5,10 +5,11 @@ import types
 
 import pytest
 
-from ragen_jax import run_summary
+from ragen_jax.config import summary as run_summary
+from ragen_jax.config.resolve import resolve
+from ragen_jax.config.schema import RunConfig
+from ragen_jax.config.summary import accelerators_on_host, start_summary
 from ragen_jax.progress import Phase, format_seconds
-from ragen_jax.run_summary import accelerators_on_host, start_summary
-from ragen_jax.schema import RunConfig, resolve
 
 
 def test_format_seconds():

@@ -61,8 +61,7 @@ def test_a_countdown_run_against_a_served_env_equals_the_in_process_run(tmp_path
 def test_the_remote_config_takes_an_env_configs_settings(tmp_path):
     """``configs/remote.py:countdown`` is Countdown's run with the env served: the same
     settings but the env, which the command line points at a server."""
-    from ragen_jax.config import load_config
-    from ragen_jax.schema import from_config_dict
+    from ragen_jax.config.loading import from_config_dict, load_config
 
     served = load_config(["--config=configs/remote.py:countdown",
                           "--config.env.params.url=http://127.0.0.1:9"], prog="t")

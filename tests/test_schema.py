@@ -14,19 +14,10 @@ import jax.numpy as jnp
 import pytest
 from ml_collections import ConfigDict
 
-from ragen_jax.schema import (
-    TINY_ONLY_FIELDS,
-    ConfigError,
-    ModelConfig,
-    RunConfig,
-    compute_dtype,
-    config_for_print,
-    describe,
-    from_config_dict,
-    micro_batch_warning,
-    resolve,
-    to_config_dict,
-)
+from ragen_jax.config.fields import ConfigError
+from ragen_jax.config.loading import config_for_print, from_config_dict, to_config_dict
+from ragen_jax.config.resolve import describe, micro_batch_warning, resolve, update_settings
+from ragen_jax.config.schema import TINY_ONLY_FIELDS, ModelConfig, RunConfig, compute_dtype
 from ragen_jax.starpo.optimizer_step import UpdateConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,7 +77,7 @@ def test_bandit_cpu_preset_trains_the_whole_batch_in_one_step(tmp_path):
     rows = run.rollout.env_groups * run.rollout.group_size
     assert resolved.step.mini_batch_size == rows == 128
     assert rows // resolved.step.actor.micro_batches == 32
-    assert not run.rollout.enable_think and run.algorithm.adv_estimator == "reinforce_plus_plus"
+    assert not run.rollout.prompt.enable_think and run.algorithm.adv_estimator == "reinforce_plus_plus"
     assert run.model.lora_rank > 0 and run.actor.warmup_steps < run.trainer.total_steps
 
 
@@ -105,15 +96,15 @@ def test_micro_batches_that_leave_devices_without_a_row_are_named(tmp_path):
         "warning: critic.micro_batches=16 leaves 2 rows")
 
 
-def test_update_config_defaults_equal_the_schema():
-    """UpdateConfig keeps defaults for direct use; they must not drift from the schema's."""
-    run = RunConfig()
-    actor = resolve(run).step.actor
-    default = UpdateConfig()
-    for name in ("lr", "weight_decay", "grad_clip", "clip_low", "clip_high", "clip_c",
-                 "entropy_coeff", "kl_coef", "kl_estimator", "loss_agg_mode", "micro_batches",
-                 "temperature", "warmup_steps", "lr_schedule"):
-        assert getattr(actor, name) == getattr(default, name), name
+def test_update_settings_take_their_defaults_from_the_schema():
+    """UpdateConfig has no defaults of its own for run settings: direct use starts from the
+    default run's resolved settings."""
+    actor = resolve(RunConfig()).step.actor
+    assert update_settings() == actor
+    assert update_settings(lr=1e-3) == dataclasses.replace(actor, lr=1e-3)
+    assert update_settings("critic").lr == RunConfig().critic.lr
+    with pytest.raises(TypeError, match="required keyword-only"):
+        UpdateConfig()
 
 
 @pytest.mark.parametrize("section, field, value, message", [
@@ -121,20 +112,27 @@ def test_update_config_defaults_equal_the_schema():
     ("algorithm", "adv_estimator", "ppo", "algorithm.adv_estimator must be one of"),
     ("model", "dtype", "float16", "model.dtype must be one of ('auto', 'float32', 'bfloat16'), got 'float16'"),
     ("model", "param_dtype", "auto", "model.param_dtype must be one of ('float32', 'bfloat16')"),
-    ("rollout", "stop_strings", ("</answer>", ""), "rollout.stop_strings must be a tuple of non-empty strings"),
+    ("rollout", "sampling.stop_strings", ("</answer>", ""), "rollout.sampling.stop_strings must be a tuple of non-empty strings"),
     ("actor", "micro_batches", 3, "actor.micro_batches=3 must divide actor.ppo_mini_batch_size=32"),
-    ("actor", "pad_multiple", -1, "actor.pad_multiple must be >= 0, got -1"),
+    ("actor", "row_pad_multiple", -1, "actor.row_pad_multiple must be >= 0, got -1"),
     ("filter", "strategy", "best", "filter.strategy must be one of"),
     ("trainer", "total_steps", 0, "trainer.total_steps must be >= 1"),
-    ("rollout", "temperature", "hot", "rollout.temperature: expected float, got 'hot'"),
+    ("rollout", "sampling.temperature", "hot", "rollout.sampling.temperature: expected float, got 'hot'"),
+    ("rollout", "val.env_groups", 0, "rollout.val.env_groups must be >= 1, got 0"),
+    ("rollout", "window.turns", 2, "rollout.window.turns must be 0 with rollout.window.mode=full"),
+    ("mesh", "data", -1, "mesh.data must be >= 1, or None"),
     ("trainer", "logger", 3, "trainer.logger: expected tuple"),
     ("warmstart", "solver_share", 1.5, "warmstart.solver_share must be in [0, 1], got 1.5"),
     ("warmstart", "episodes", 0, "warmstart.episodes must be >= 1"),
-    ("warmstart", "turn_solver_share", 2.0, "warmstart.turn_solver_share must be -1 or in [0, 1], got 2.0"),
+    ("warmstart", "turns.solver_share", 2.0, "warmstart.turns.solver_share must be None or in [0, 1], got 2.0"),
 ])
 def test_bad_values_name_the_field(section, field, value, message):
     c = to_config_dict().to_dict()  # a config file or config.json can hold any type
-    c[section][field] = value
+    *sections, name = field.split(".")
+    node = c[section]
+    for part in sections:
+        node = node[part]
+    node[name] = value
     with pytest.raises(ConfigError) as e:
         from_config_dict(c)
     assert str(e.value).startswith(f"{section}.")
@@ -188,7 +186,7 @@ def test_length_hint_follows_response_length_through_the_schema():
     c = to_config_dict()
     c.rollout.response_length = 37
     assert resolve(from_config_dict(c)).rollout.context.max_tokens_hint == 37
-    c.rollout.max_tokens_hint = 50
+    c.rollout.prompt.max_tokens_hint = 50
     assert resolve(from_config_dict(c)).rollout.context.max_tokens_hint == 50
 
 
@@ -220,7 +218,6 @@ def test_printed_config_of_a_folder_run_names_its_config_json(tmp_path):
 @pytest.mark.parametrize("section, field, value, message", [
     ("algorithm", "reward_norm_grouping", "env", "algorithm.reward_norm_grouping must be one of"),
     ("algorithm", "reward_norm_method", "zscore", "algorithm.reward_norm_method must be one of"),
-    ("algorithm", "reward_norm_preset", "grpo", "algorithm.reward_norm_preset must be one of"),
     ("algorithm", "adv_estimator", "brpo", "algorithm.adv_estimator must be one of"),
     ("filter", "metric", "perplexity", "filter.metric must be one of"),
 ])
@@ -228,18 +225,9 @@ def test_bad_normalisation_and_filter_values_name_the_field(section, field, valu
     test_bad_values_name_the_field(section, field, value, message)
 
 
-def test_reward_norm_presets_resolve_and_conflicts_are_errors():
+def test_reward_norm_resolves_from_its_two_fields():
     c = to_config_dict()
     assert resolve(from_config_dict(c)).reward_norm == ("state", "identity")  # RAGEN's default
-    c.algorithm.reward_norm_preset = "BRPO"
-    plan = resolve(from_config_dict(c))
-    assert plan.reward_norm == ("batch", "mean_std") and "preset BRPO" in describe(plan)
-    c.algorithm.reward_norm_method = "mean_std"  # the preset's own value: fine
-    assert resolve(from_config_dict(c)).reward_norm == ("batch", "mean_std")
-    c.algorithm.reward_norm_method = "mean"
-    with pytest.raises(ConfigError, match=r"^algorithm\.reward_norm_method='mean' conflicts with "
-                                          r"algorithm\.reward_norm_preset=BRPO"):
-        from_config_dict(c)
     c = to_config_dict()
     c.algorithm.reward_norm_grouping, c.algorithm.reward_norm_method = "inductive", "asym_clip"
     assert resolve(from_config_dict(c)).reward_norm == ("inductive", "asym_clip")
@@ -253,7 +241,7 @@ def test_reward_norm_presets_resolve_and_conflicts_are_errors():
 
 
 def _mixed(*overrides: str):
-    from ragen_jax.config import load_config
+    from ragen_jax.config.loading import load_config
 
     return load_config(["--config", str(ROOT / "configs/mixed.py"), *overrides])
 
@@ -266,9 +254,9 @@ def test_mix_preset_round_trips_and_splits_validation_in_proportion():
     saved = json.loads(to_config_dict(run).to_json_best_effort())  # config.json: lists, not tuples
     assert from_config_dict(ConfigDict(saved)) == run
     envs = resolve(run).envs
-    assert [e.val_groups for e in envs] == [128, 128]  # rollout.val_groups 256, half each
+    assert [e.val_groups for e in envs] == [128, 128]  # rollout.val.env_groups 256, half each
     # 10 validation groups for groups 1 : 2 -> 3.33 : 6.67 -> 3 : 7 (largest remainder).
-    run = from_config_dict(_mixed("--config.rollout.env_groups=3", "--config.rollout.val_groups=10",
+    run = from_config_dict(_mixed("--config.rollout.env_groups=3", "--config.rollout.val.env_groups=10",
                                   "--config.env.mix.SimpleSokoban.groups=1",
                                   "--config.env.mix.1.groups=2"))
     assert [(e.groups, e.val_groups) for e in resolve(run).envs] == [(1, 3), (2, 7)]
@@ -291,7 +279,7 @@ def test_mix_overrides_reach_one_entry():
     (("--config.env.mix.0.groups=3",), r"env\.mix: the entries' groups sum to 7, but rollout\.env_groups=8"),
     (("--config.env.mix.0.val_groups=3",), r"give val_groups to every entry or to none"),
     (("--config.env.mix.0.val_groups=3", "--config.env.mix.1.val_groups=3"),
-     r"val_groups sum to 6, but rollout\.val_groups=256"),
+     r"val_groups sum to 6, but rollout\.val\.env_groups=256"),
     (("--config.env.mix.1.groups=-1",), r"env\.mix\[1\]\.groups must be >= 0"),
     (("--config.env.mix.1.grups=1",), r"env\.mix\[1\]\.grups: unknown config field"),
     (("--config.env.mix.1.tag=SimpleSokoban",), r"two entries have the same tag"),
@@ -325,8 +313,14 @@ def test_a_mix_entry_sets_its_own_turn_budgets():
     with pytest.raises(ConfigError, match=r"env\.mix\[0\]\.rollout\.max_turn must be >= 1, got 0"):
         from_config_dict(_mixed(f"--config.env.mix=({countdown}, {lake})",
                                 "--config.env.mix.Countdown.rollout.max_turn=0"))
-    with pytest.raises(ConfigError, match=r"env\.mix\[0\]\.rollout\.val_seed: not settable per env"):
-        from_config_dict(_mixed("--config.env.mix.0.rollout.val_seed=3"))
+    with pytest.raises(ConfigError, match=r"env\.mix\[0\]\.rollout\.val\.seed: not settable per env"):
+        from_config_dict(_mixed("--config.env.mix.0.rollout.val.seed=3"))
+    # a section's field, nested as in the run's rollout section
+    plan = resolve(from_config_dict(_mixed(f"--config.env.mix=({countdown}, {lake})",
+                                           "--config.env.mix.Countdown.rollout.prompt.max_answer_chars=9")))
+    first, second = (plan.rollout_for(e) for e in plan.envs)
+    assert (first.prompt.max_answer_chars, second.prompt.max_answer_chars) == (9, 256)
+    assert first.context.max_answer_chars == 9
 
 
 def test_auto_compute_dtype_is_float32_on_xla_cpu_only():
@@ -359,31 +353,35 @@ def test_real_model_presets_compute_in_auto_and_stop_after_the_answer(tmp_path):
         c = sokoban.get_config(preset)
         c.model.path = str(tmp_path)
         run = from_config_dict(c)
-        assert run.model.dtype == "auto" and run.rollout.stop_strings == ("</answer>",), preset
+        assert run.model.dtype == "auto" and run.rollout.sampling.stop_strings == ("</answer>",), preset
         # RAGEN's budget (docs/design.md: why kept); the CPU presets a third of it (base.cpu_preset)
         assert run.rollout.response_length == (128 if preset in base.CPU_PRESETS else 400), preset
     tiny = from_config_dict(bandit.get_config())
-    assert tiny.model.dtype == "float32" and tiny.rollout.stop_strings == ()
+    assert tiny.model.dtype == "float32" and tiny.rollout.sampling.stop_strings == ()
     # The command line sets them as a Python tuple or list; () turns them off.
-    from ragen_jax.config import load_config
+    from ragen_jax.config.loading import load_config
 
     c = load_config(["--config", str(ROOT / "configs" / "bandit.py"),
-                     '--config.rollout.stop_strings=["</answer>", "||"]'])
-    assert from_config_dict(c).rollout.stop_strings == ("</answer>", "||")
+                     '--config.rollout.sampling.stop_strings=["</answer>", "||"]'])
+    assert from_config_dict(c).rollout.sampling.stop_strings == ("</answer>", "||")
     c = load_config(["--config", f"{ROOT / 'configs' / 'bandit.py'}:qwen2.5-0.5b",
-                     f"--config.model.path={tmp_path}", "--config.rollout.stop_strings=()"])
-    assert from_config_dict(c).rollout.stop_strings == ()
+                     f"--config.model.path={tmp_path}", "--config.rollout.sampling.stop_strings=()"])
+    assert from_config_dict(c).rollout.sampling.stop_strings == ()
 
 
 # -- values nothing checked: learning rates, nan and inf, lengths, memory ----------------------
 
 
 def _with(**fields: Any) -> ConfigDict:
-    """The default config with ``section.field`` values set (``fields``: "actor__lr"=...)."""
+    """The default config with ``section.field`` values set (``fields``: "actor__lr"=...,
+    "rollout__val__env_groups"=...)."""
     c = to_config_dict()
     for key, value in fields.items():
-        section, name = key.split("__")
-        c[section][name] = value
+        *sections, name = key.split("__")
+        node = c
+        for section in sections:
+            node = node[section]
+        node[name] = value
     return c
 
 
@@ -399,12 +397,18 @@ def test_every_learning_rate_is_finite_and_at_most_one(field):
 
 
 def _float_fields() -> list[str]:
-    """Every float field of the schema, as ``section.field``."""
-    out = []
-    for section, cls in typing.get_type_hints(RunConfig).items():
-        hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
-        out += [f"{section}.{name}" for name, hint in hints.items() if hint is float]
-    return out
+    """Every float field of the schema, as ``section.field`` (``section.sub.field`` in a
+    nested section)."""
+    def fields(prefix: str, cls: type) -> list[str]:
+        out = []
+        for name, hint in typing.get_type_hints(cls).items():
+            if dataclasses.is_dataclass(hint):
+                out += fields(f"{prefix}{name}.", hint)
+            elif hint is float:
+                out.append(f"{prefix}{name}")
+        return out
+
+    return [f for f in fields("", RunConfig) if "." in f]
 
 
 def test_nan_and_inf_are_refused_by_name_in_every_float_field():
@@ -412,13 +416,13 @@ def test_nan_and_inf_are_refused_by_name_in_every_float_field():
     one-line error naming it; on the command line too, where "nan" used to be "nan is of
     original type <class 'str'>". A string field keeps the word."""
     fields = _float_fields()
-    assert {"actor.lr", "rollout.temperature", "filter.value", "algorithm.gamma"} <= set(fields)
+    assert {"actor.lr", "rollout.sampling.temperature", "filter.value", "algorithm.gamma"} <= set(fields)
     for field in fields:
         for bad in (float("nan"), float("inf"), float("-inf")):
             with pytest.raises(ConfigError) as e:
                 from_config_dict(_with(**{field.replace(".", "__"): bad}))
             assert str(e.value) == f"{field} must be a finite number, got {bad}", field
-    from ragen_jax.config import load_config
+    from ragen_jax.config.loading import load_config
 
     for word, shown in (("nan", "nan"), ("inf", "inf"), ("-Infinity", "-inf"), ("1e400", "inf")):
         c = load_config(["--config", str(ROOT / "configs/bandit.py"), f"--config.actor.lr={word}"])
@@ -459,7 +463,7 @@ def test_max_model_len_within_the_model_folders_positions(tmp_path):
                                           rf"max_position_embeddings=2048 \({tmp_path}/config\.json\)$"):
         check_run(resolve(from_config_dict(c)))
     c = _with(model__path=str(tmp_path), rollout__max_model_len=2048, rollout__env_groups=1,
-              rollout__group_size=2, rollout__val_groups=2)
+              rollout__group_size=2, rollout__val__env_groups=2)
     assert check_run(resolve(from_config_dict(c))) is None
 
 
@@ -485,7 +489,7 @@ def test_a_batch_that_cannot_fit_is_refused_with_its_estimate_and_a_large_one_wa
     once, naming the fields, the estimate and the memory there is. A batch whose typical rows
     may not fit is the start summary's warning; the presets pass silently."""
     from ragen_jax.budget import GIB, architecture, verdict
-    from ragen_jax.run_summary import start_summary
+    from ragen_jax.config.summary import start_summary
 
     def plan(**fields: Any) -> Any:
         from configs import bandit

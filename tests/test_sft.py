@@ -11,7 +11,7 @@ from flax import nnx
 from ragen_jax.envs import make
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
 from ragen_jax.models import tokenizer as tokenizers
-from ragen_jax.rollout.agent import RolloutConfig
+from ragen_jax.rollout.config import PromptConfig, RolloutConfig
 from ragen_jax.rollout.context import parse_response
 from ragen_jax.sft import conversation_data, train_sft
 from ragen_jax.warmstart import shared_prefix_batches, warmstart_data
@@ -59,7 +59,7 @@ def test_bad_conversation_files_name_the_line(tok, tmp_path):
 @pytest.mark.parametrize("think", [False, True])
 def test_warmstart_answers_are_random_valid_actions_in_the_rollout_format(tok, think):
     env, params = make("frozenlake")
-    cfg = RolloutConfig(max_turn=3, response_length=24, enable_think=think)
+    cfg = RolloutConfig(max_turn=3, response_length=24, prompt=PromptConfig(enable_think=think))
     ctx = cfg.context
     data = warmstart_data(env, params, tok, cfg, episodes=16, seed=0)
     answers = set()
@@ -81,8 +81,7 @@ def test_warmstart_answers_are_random_valid_actions_in_the_rollout_format(tok, t
 def test_warmstart_answers_every_prompt_with_every_action_first(tok):
     """No preference is taught: the episodes of one initial state open with each action once."""
     env, params = make("bandit")
-    cfg = RolloutConfig(max_turn=1, max_actions_per_traj=1, response_length=16,
-                        enable_think=False, max_actions_per_turn=1)
+    cfg = RolloutConfig(max_turn=1, max_actions_per_traj=1, response_length=16, max_actions_per_turn=1, prompt=PromptConfig(enable_think=False))
     data = warmstart_data(env, params, tok, cfg, episodes=32, seed=0)
     ids, mask = data["input_ids"], data["loss_mask"]
     assert ids.shape[0] == 32
@@ -107,7 +106,7 @@ def test_turn_observation_rows_are_each_turn_as_its_transcript_shows_it(tok):
     """One row per answered turn: the turn's user block (as the transcript tokenises it, with
     no system message or history before it) and then the very answer ids of that turn."""
     env, params = make("frozenlake", success_rate=1.0, observation_format="coord")
-    cfg = RolloutConfig(max_turn=3, response_length=24, enable_think=False)
+    cfg = RolloutConfig(max_turn=3, response_length=24, prompt=PromptConfig(enable_think=False))
     rows: dict = {}
     data = warmstart_data(env, params, tok, cfg, episodes=8, seed=0, solver_share=0.5,
                           observation_rows=rows)
@@ -137,7 +136,7 @@ def test_system_turn_rows_are_first_prompts_and_share_their_start_exactly(tok):
     own user block. ``shared_prefix_batches`` groups them so that ``train_sft`` runs the
     system message once per step, with the losses of every row running its own copy."""
     env, params = make("frozenlake", observation_format="coord")
-    cfg = RolloutConfig(max_turn=3, response_length=24, enable_think=False)
+    cfg = RolloutConfig(max_turn=3, response_length=24, prompt=PromptConfig(enable_think=False))
     rows: dict = {}
     data = warmstart_data(env, params, tok, cfg, episodes=16, seed=0, solver_share=0.5,
                           observation_rows=rows, system_rows=True)
@@ -164,8 +163,7 @@ def test_system_turn_rows_are_first_prompts_and_share_their_start_exactly(tok):
 
 def test_train_sft_lowers_the_loss_and_updates_the_model(tok):
     env, params = make("bandit")
-    cfg = RolloutConfig(max_turn=1, max_actions_per_traj=1, response_length=16,
-                        enable_think=False, max_actions_per_turn=1)
+    cfg = RolloutConfig(max_turn=1, max_actions_per_traj=1, response_length=16, max_actions_per_turn=1, prompt=PromptConfig(enable_think=False))
     data = warmstart_data(env, params, tok, cfg, episodes=16, seed=0)
     model = Qwen2ForCausalLM(QwenConfig.tiny(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                              num_attention_heads=4, num_key_value_heads=2, head_dim=16),
@@ -181,7 +179,7 @@ def test_train_sft_lowers_the_loss_and_updates_the_model(tok):
 @pytest.mark.parametrize("name", ["sokoban", "frozenlake"])
 def test_legal_only_warmstart_never_wastes_a_move(tok, name):
     env, params = make(name, **({"success_rate": 1.0} if name == "frozenlake" else {}))
-    cfg = RolloutConfig(max_turn=3, response_length=24, enable_think=False)
+    cfg = RolloutConfig(max_turn=3, response_length=24, prompt=PromptConfig(enable_think=False))
     random_stats, legal_stats = {}, {}
     warmstart_data(env, params, tok, cfg, episodes=32, seed=0, metrics=random_stats)
     data = warmstart_data(env, params, tok, cfg, episodes=32, seed=0, legal_only=True,
@@ -195,7 +193,7 @@ def test_train_sft_with_shared_group_prompts_equals_whole_rows(tok):
     """Each warm-start group's common prompt runs once per step; the losses and the trained
     weights equal those of every row running its own copy."""
     env, params = make("frozenlake", observation_format="coord")
-    cfg = RolloutConfig(max_turn=2, max_actions_per_traj=4, response_length=16, enable_think=False)
+    cfg = RolloutConfig(max_turn=2, max_actions_per_traj=4, response_length=16, prompt=PromptConfig(enable_think=False))
     data = warmstart_data(env, params, tok, cfg, episodes=16, seed=0, legal_only=True)
     runs = []
     for share in (False, True):
@@ -207,19 +205,20 @@ def test_train_sft_with_shared_group_prompts_equals_whole_rows(tok):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-@pytest.mark.parametrize("window", [dict(context_window="limited", window_turns=1),
-                                    dict(context_window="single_turn"),
+@pytest.mark.parametrize("window", [dict(window={"mode": "limited", "turns": 1}),
+                                    dict(window={"mode": "single_turn"}),
                                     dict(use_turn_scores=True),
                                     dict(env_groups=3, group_size=5),
-                                    dict(val_groups=7, val_group_size=2, val_temperature=0.9)])
+                                    dict(val={"env_groups": 7, "group_size": 2, "temperature": 0.9})])
 def test_warmstart_data_does_not_depend_on_rl_windows_batches_or_validation(tok, window):
     """The scripted episodes and their rows are the same whatever window RL's prompts use,
     where scores sit, how RL's batches are grouped and how it validates: what lets the
     warm-start cache key leave those fields at their defaults."""
     env, params = make("sokoban", dim_room=(6, 6), num_boxes=1, max_steps=100)
-    base = dict(max_turn=3, response_length=16, enable_think=False, max_actions_per_turn=2)
+    base = RolloutConfig(max_turn=3, response_length=16, max_actions_per_turn=2,
+                         prompt=PromptConfig(enable_think=False))
     made = []
-    for cfg in (RolloutConfig(**base), RolloutConfig(**base, **window)):
+    for cfg in (base, base.replace(window)):
         rows: dict = {}
         data = warmstart_data(env, params, tok, cfg, episodes=16, seed=0, solver_share=0.3,
                               observation_rows=rows, system_rows=True)

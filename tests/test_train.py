@@ -4,6 +4,7 @@ evaluation of a checkpoint, and the small pure pieces of the step."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import importlib.util
 import json
@@ -19,8 +20,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from ragen_jax.config import load_config
+from ragen_jax.config.loading import load_config
 from ragen_jax.metrics import read_jsonl
+from ragen_jax.rollout.config import RolloutConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,7 +38,7 @@ def micro_config(out: Path, *, steps: int = 4, estimator: str = "grpo", extra: t
             "--config.model.hidden_size=64", "--config.model.intermediate_size=128",
             "--config.model.num_hidden_layers=2",
             "--config.rollout.env_groups=2", "--config.rollout.group_size=4",
-            "--config.rollout.val_groups=4", "--config.actor.ppo_mini_batch_size=4",
+            "--config.rollout.val.env_groups=4", "--config.actor.ppo_mini_batch_size=4",
             "--config.warmstart.steps=3", "--config.warmstart.episodes=8",
             "--config.warmstart.batch_size=4", "--config.rollout.response_length=8",
             "--config.diagnostics.compute_freq=2", "--config.diagnostics.num_samples=8",
@@ -55,8 +57,8 @@ def _without_timing(metrics: dict[int, dict[str, float]]) -> dict[int, dict[str,
 
 def test_config_overrides_and_errors():
     c = load_config(["--config", str(ROOT / "configs/sokoban.py"), "--config.actor.lr=2e-5",
-                     "--config.env.params.dim_room=(8, 8)", "--config.rollout.enable_think=True"])
-    assert c.actor.lr == 2e-5 and tuple(c.env.params.dim_room) == (8, 8) and c.rollout.enable_think
+                     "--config.env.params.dim_room=(8, 8)", "--config.rollout.prompt.enable_think=True"])
+    assert c.actor.lr == 2e-5 and tuple(c.env.params.dim_room) == (8, 8) and c.rollout.prompt.enable_think
     bad = [(["--config.actor.lrr=1"], "actor.lrr"), (["--config.actor.lr=abc"], "actor.lr"),
            (["--config.trainer.total_steps=2.5"], "trainer.total_steps"),
            (["--config.nope.x=1"], "nope")]
@@ -68,7 +70,8 @@ def test_config_overrides_and_errors():
 
 
 def test_presets_need_a_model_path(tmp_path):
-    from ragen_jax.schema import ConfigError, from_config_dict
+    from ragen_jax.config.fields import ConfigError
+    from ragen_jax.config.loading import from_config_dict
 
     c = load_config(["--config", str(ROOT / "configs/sokoban.py:qwen2.5-0.5b")])
     with pytest.raises(ConfigError, match="model.path is required"):
@@ -83,7 +86,7 @@ def test_launch_bad_override_is_one_line():
     r = subprocess.run([sys.executable, str(ROOT / "launch.py"), "--config", "configs/bandit.py",
                         "--config.actor.lrr=1"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode != 0
-    assert r.stderr.strip().splitlines() == ["launch.py: --config.actor.lrr: unknown field (see ragen_jax/schema.py)"]
+    assert r.stderr.strip().splitlines() == ["launch.py: --config.actor.lrr: unknown field (see ragen_jax/config/schema.py)"]
 
 
 def test_launch_bad_value_is_one_line_naming_the_field():
@@ -398,7 +401,7 @@ def test_ppo_with_critic_lora_and_kl_runs(tmp_path):
     summary = _run(micro_config(tmp_path, steps=2, estimator="gae", extra=(
         "--config.trainer.val_before_train=False", "--config.model.lora_rank=4",
         "--config.algorithm.kl_coef=0.01", "--config.actor.recompute_logprobs=True",
-        "--config.diagnostics.gradient_analysis=True", "--config.rollout.enable_think=True",
+        "--config.diagnostics.gradient_analysis=True", "--config.rollout.prompt.enable_think=True",
         "--config.rollout.response_length=24")))
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
     assert summary["step"] == 2
@@ -420,7 +423,8 @@ def test_ppo_with_critic_lora_and_kl_runs(tmp_path):
 
 
 @pytest.mark.parametrize("estimator, extra", [
-    ("reinforce_plus_plus_baseline", ("--config.algorithm.reward_norm_preset=BRPO",
+    ("reinforce_plus_plus_baseline", ("--config.algorithm.reward_norm_grouping=batch",  # BRPO
+                                      "--config.algorithm.reward_norm_method=mean_std",
                                       "--config.filter.metric=entropy_variance")),
     ("reinforce_plus_plus", ("--config.algorithm.reward_norm_grouping=state",
                              "--config.algorithm.reward_norm_method=asym_clip",
@@ -436,7 +440,7 @@ def test_reward_normalisation_estimators_and_entropy_filter_run(tmp_path, estima
         for key in ("actor/pg_loss", "rollout/in_group_entropy_mean", "rollout/in_group_entropy_std"):
             assert np.isfinite(metrics[step][key]), key
         assert metrics[step]["rollout/in_group_entropy_mean"] > 0
-        if "BRPO" in extra[0]:  # the update sees batch z-scores: mean 0 over the unfiltered batch
+        if "batch" in extra[0]:  # the update sees batch z-scores: mean 0 over the unfiltered batch
             assert abs(metrics[step]["critic/score_mean"]) < 1e-5
         else:  # one group of two kept; its scores are z-scores clamped to [-1, 3]
             assert metrics[step]["rollout/filter_kept_count"] == 1
@@ -450,7 +454,7 @@ def test_export_loads_in_transformers_with_the_same_greedy_actions(reference_run
 
     from ragen_jax.export import export
     from ragen_jax.policy import load_policy
-    from ragen_jax.rollout.context import ChatFormat, ContextConfig
+    from ragen_jax.rollout.context import ChatFormat
     from ragen_jax.rollout.sampler import Sampler, SamplingParams
 
     run_dir, _ = reference_run
@@ -460,7 +464,7 @@ def test_export_loads_in_transformers_with_the_same_greedy_actions(reference_run
     hf = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32).eval()
     hf_tok = AutoTokenizer.from_pretrained(hf_dir)
     trajs = [json.loads(x) for x in (run_dir / "trajectories" / "val_step00004.jsonl").read_text().splitlines()]
-    chat = ChatFormat(hf_tok, ContextConfig(enable_think=False))
+    chat = ChatFormat(hf_tok, dataclasses.replace(RolloutConfig().context, enable_think=False))
     prompts = [chat.first_chunk(t["messages"][0]["content"], t["messages"][1]["content"]) for t in trajs]
     ids = [hf_tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
     assert ids == [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
@@ -544,8 +548,8 @@ def test_eval_from_checkpoint(reference_run, tmp_path):
     from ragen_jax.eval import main
 
     run_dir, _ = reference_run
-    summary = main(["--checkpoint", str(run_dir), "--config.rollout.val_groups=4",
-                    "--out", str(tmp_path / "ev"), "--config.rollout.val_temperature=0.0"])
+    summary = main(["--checkpoint", str(run_dir), "--config.rollout.val.env_groups=4",
+                    "--out", str(tmp_path / "ev"), "--config.rollout.val.temperature=0.0"])
     # Validation's envs: 4 Bandit episodes, then 4 of its BanditTest validation env.
     assert summary["env"] == "bandit" and summary["episodes"] == 8
     assert summary["metrics"]["Bandit/success"] >= 0 and "BanditTest/success" in summary["metrics"]
@@ -559,14 +563,15 @@ def test_eval_from_checkpoint(reference_run, tmp_path):
 
 
 def test_turn_template_reaches_the_prompt(tmp_path):
-    from ragen_jax.schema import from_config_dict, resolve
+    from ragen_jax.config.loading import from_config_dict
+    from ragen_jax.config.resolve import resolve
 
     def context(config):
         return resolve(from_config_dict(config)).rollout.context
 
-    default = context(micro_config(tmp_path, extra=("--config.rollout.turn_template=",)))
+    default = context(micro_config(tmp_path, extra=("--config.rollout.prompt.turn_template=",)))
     assert "Always output" in default.turn_template  # RAGEN's wording
-    custom = micro_config(tmp_path, extra=("--config.rollout.turn_template=T{turn} {state} {actions_left}\n",))
+    custom = micro_config(tmp_path, extra=("--config.rollout.prompt.turn_template=T{turn} {state} {actions_left}\n",))
     assert context(custom).turn_template == "T{turn} {state} {actions_left}\n"
 
 
@@ -631,17 +636,17 @@ def test_warmstart_is_cached_by_its_inputs(tmp_path, monkeypatch):
     reread = Trainer(micro_config(tmp_path / "e"))
     reread.warmstart()
     assert reread.warmstart_loaded_from is not None
-    worded = Trainer(micro_config(tmp_path / "f", extra=("--config.rollout.system_template=Push. {actions}",)))
+    worded = Trainer(micro_config(tmp_path / "f", extra=("--config.rollout.prompt.system_template=Push. {actions}",)))
     assert worded.warm_start.folder(0) != first.warm_start.folder(0)  # the prompt made it too
     # RL's context window and score placement change no warm-start data: the same prior.
     windowed = Trainer(micro_config(tmp_path / "g", extra=(
-        "--config.rollout.context_window=limited", "--config.rollout.window_turns=1",
+        "--config.rollout.window.mode=limited", "--config.rollout.window.turns=1",
         "--config.algorithm.sample_unit=turn")))
     turn_scores = Trainer(micro_config(tmp_path / "h", extra=("--config.rollout.use_turn_scores=True",)))
     # Nor do RL's batch shape and validation settings.
     batches = Trainer(micro_config(tmp_path / "i", extra=(
         "--config.rollout.group_size=8", "--config.rollout.env_groups=3",
-        "--config.rollout.val_groups=6", "--config.rollout.val_temperature=0.9")))
+        "--config.rollout.val.env_groups=6", "--config.rollout.val.temperature=0.9")))
     assert (windowed.warm_start.folder(0) == turn_scores.warm_start.folder(0)
             == batches.warm_start.folder(0) == first.warm_start.folder(0))
     longer = Trainer(micro_config(tmp_path / "j", extra=("--config.rollout.max_turn=3",)))
@@ -649,9 +654,9 @@ def test_warmstart_is_cached_by_its_inputs(tmp_path, monkeypatch):
 
 
 def test_single_turn_rows_can_come_from_their_own_mixture(tmp_path, monkeypatch):
-    """``warmstart.turn_solver_share``: the single-turn rows are cut from episodes of that
+    """``warmstart.turns.solver_share``: the single-turn rows are cut from episodes of that
     share (another data seed), the whole-episode stage keeps ``solver_share``'s; unset, both
-    stages read one data set. ``warmstart.turn_episodes``: that many rows' episodes, one per level."""
+    stages read one data set. ``warmstart.turns.episodes``: that many rows' episodes, one per level."""
     import ragen_jax.warmstart as warmstart
     from ragen_jax.train import Trainer
 
@@ -663,9 +668,9 @@ def test_single_turn_rows_can_come_from_their_own_mixture(tmp_path, monkeypatch)
         return real(*args, **kw)
 
     monkeypatch.setattr(warmstart, "warmstart_data", recording)
-    env = ("--config.warmstart.turn_steps=2", "--config.warmstart.turn_batch_size=4")
+    env = ("--config.warmstart.turns.steps=2", "--config.warmstart.turns.batch_size=4")
     own = Trainer(micro_config(tmp_path / "a", env="frozenlake", extra=(
-        *env, "--config.warmstart.solver_share=0.3", "--config.warmstart.turn_solver_share=1.0",
+        *env, "--config.warmstart.solver_share=0.3", "--config.warmstart.turns.solver_share=1.0",
         "--config.warmstart.seed=0", "--config.warmstart.cache=False")))
     metrics = own.warmstart()
     assert calls == [(0.3, 0, False), (1.0, 1, True)]
@@ -678,8 +683,8 @@ def test_single_turn_rows_can_come_from_their_own_mixture(tmp_path, monkeypatch)
     calls.clear()
     sizes.clear()
     rows = Trainer(micro_config(tmp_path / "c", env="frozenlake", extra=(
-        *env, "--config.warmstart.solver_share=0.3", "--config.warmstart.turn_solver_share=1.0",
-        "--config.warmstart.turn_episodes=12", "--config.warmstart.episodes=8", "--config.warmstart.seed=0",
+        *env, "--config.warmstart.solver_share=0.3", "--config.warmstart.turns.solver_share=1.0",
+        "--config.warmstart.turns.episodes=12", "--config.warmstart.episodes=8", "--config.warmstart.seed=0",
         "--config.warmstart.cache=False")))
     rows.warmstart()
     assert calls == [(0.3, 0, False), (1.0, 1, True)] and sizes == [(8, 0), (12, 1)]
@@ -763,8 +768,8 @@ def test_windowed_sokoban_preset_trains_turn_rows_and_diagnoses_first_turns(tmp_
     policy read the transcript's first prompt) but not the trajectory pairs (later turns saw
     only their window)."""
     summary = _run(micro_config(tmp_path, steps=2, env="sokoban", extra=(
-        "--config.rollout.max_turn=2", "--config.warmstart.turn_steps=2",
-        "--config.warmstart.turn_episodes=8", "--config.warmstart.turn_batch_size=4",
+        "--config.rollout.max_turn=2", "--config.warmstart.turns.steps=2",
+        "--config.warmstart.turns.episodes=8", "--config.warmstart.turns.batch_size=4",
         "--config.trainer.val_before_train=False")))
     assert summary["step"] == 2
     metrics = read_jsonl(tmp_path / "metrics.jsonl")

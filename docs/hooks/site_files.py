@@ -1,7 +1,7 @@
 """MkDocs hook: the site's generated and borrowed pages, and links into the repository.
 
 * ``reference/configuration.md`` is generated from the schema's source at every build
-  (``ragen_jax.config_reference``), so the reference cannot drift from the code.
+  (``ragen_jax.config.reference``), so the reference cannot drift from the code.
 * ``experiments/results/*`` (the raw result tables and their figures) become site pages at
   the same paths, so the results page links them and the build checks those links.
 * A page's relative link that leaves ``docs/`` (written so that it also works on GitHub, e.g.
@@ -30,7 +30,7 @@ def on_files(files: Files, config) -> Files:
     import sys
 
     sys.path.insert(0, str(ROOT))  # the worktree's ragen_jax, not an installed copy
-    from ragen_jax.config_reference import reference_markdown
+    from ragen_jax.config.reference import reference_markdown
 
     files.append(File.generated(config, REFERENCE, content=reference_markdown()))
     for folder in BORROWED:

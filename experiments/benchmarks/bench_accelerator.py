@@ -55,13 +55,13 @@ from experiments.benchmarks.roofline import (
 )
 from experiments.benchmarks.shapes import accelerator_config
 from experiments.common import timed
+from ragen_jax.config.resolve import update_settings
 from ragen_jax.metrics import device_memory
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig, compute_copy
 from ragen_jax.models.kv_cache import positions_from_mask
 from ragen_jax.rollout import Sampler, SamplingParams
 from ragen_jax.starpo.optimizer_step import (
     TrainBatch,
-    UpdateConfig,
     jit_optimizer_step,
     make_optimizer,
 )
@@ -119,7 +119,7 @@ def train_batch(actor, cfg: QwenConfig, args, rng) -> TrainBatch:
 
 
 def train_step(actor, args, batch: TrainBatch, trace: bool = False) -> dict:
-    ucfg = UpdateConfig(lr=1e-6, micro_batches=args.micro_batches, loss_agg_mode="token-mean")
+    ucfg = update_settings(lr=1e-6, micro_batches=args.micro_batches, loss_agg_mode="token-mean")
     graphdef, params, rest = nnx.split(actor, nnx.Param, ...)
     opt = make_optimizer(ucfg)
     holder = {"p": params, "o": opt.init(params)}

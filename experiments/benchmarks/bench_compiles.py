@@ -15,7 +15,7 @@ On a GPU, the real-model check (a SmolLM2 GGUF file on FrozenLake, RAGEN's 8 x 1
     python -m experiments.benchmarks.bench_compiles --steps 60 --base "--config
         configs/frozenlake.py:smollm2-135m --config.model.path=SmolLM2-135M-Instruct.Q4_1.gguf
         --config.rollout.env_groups=8 --config.rollout.group_size=16
-        --config.rollout.val_groups=64 --config.rollout.response_length=64
+        --config.rollout.val.env_groups=64 --config.rollout.response_length=64
         --config.trainer.test_freq=5 --config.diagnostics.compute_freq=5
         --config.warmstart.steps=12 --config.trainer.progress=False"
 
@@ -40,17 +40,17 @@ from experiments.common import ROOT
 CONFIG = ["--config", "configs/frozenlake.py", "--config.trainer.progress=False",
           "--config.trainer.test_freq=5", "--config.diagnostics.compute_freq=5",
           "--config.trainer.save_freq=100",
-          "--config.warmstart.steps=2", "--config.warmstart.turn_steps=0",
+          "--config.warmstart.steps=2", "--config.warmstart.turns.steps=0",
           "--config.warmstart.episodes=16", "--config.warmstart.batch_size=8",
           "--config.warmstart.cache=False", "--config.warmstart.solver_share=0",
-          "--config.rollout.stop_strings=('</answer>',)", "--config.rollout.env_groups=4",
-          "--config.rollout.group_size=4", "--config.rollout.val_groups=8",
+          "--config.rollout.sampling.stop_strings=('</answer>',)", "--config.rollout.env_groups=4",
+          "--config.rollout.group_size=4", "--config.rollout.val.env_groups=8",
           "--config.actor.ppo_mini_batch_size=16"]
 
 
 def one_run(out: Path, cache: Path, steps: int, base: list[str], extra: list[str]) -> dict:
     """One training run in its own process; its metrics and summary."""
-    code = ("import json, sys\nfrom ragen_jax.config import load_config\nfrom ragen_jax.train import run\n"
+    code = ("import json, sys\nfrom ragen_jax.config.loading import load_config\nfrom ragen_jax.train import run\n"
             "s = run(load_config(sys.argv[1:]))\nprint('SUMMARY', json.dumps(s))")
     args = [*base, f"--config.trainer.output_dir={out}", f"--config.trainer.total_steps={steps}",
             *extra]

@@ -26,9 +26,9 @@ def main() -> None:
     import numpy as np
     from flax import nnx
 
+    from ragen_jax.config.schema import DiagnosticsConfig
     from ragen_jax.metrics import device_memory
     from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
-    from ragen_jax.schema import DiagnosticsConfig
     from ragen_jax.starpo.diagnostics import cross_scores
 
     model = Qwen2ForCausalLM(QwenConfig.qwen2_5_0_5b(dtype=jnp.bfloat16), rngs=nnx.Rngs(0))

@@ -304,13 +304,13 @@ def rollout_env_share(name: str, kwargs: dict, config: str, policy_kind: str) ->
     reset and steps). ``policy_kind``: ``model`` (the tiny random-weight model through the
     sampler: its answers rarely parse, so envs are mostly reset only) or ``random`` (random
     well-formed answers, no model: every turn steps the env; an upper bound on the share)."""
-    from ragen_jax.config import load_config
+    from ragen_jax.config.loading import from_config_dict, load_config
+    from ragen_jax.config.resolve import resolve
     from ragen_jax.models import compute_copy
     from ragen_jax.policy import build_actor, load_tokenizer
     from ragen_jax.rollout import Sampler
     from ragen_jax.rollout.agent import AgentRollout, train_seeds
     from ragen_jax.rollout.scripted import RandomActionPolicy
-    from ragen_jax.schema import from_config_dict, resolve
 
     run = from_config_dict(load_config(["--config", str(ROOT / "configs" / config)]))
     cfg = resolve(run).rollout

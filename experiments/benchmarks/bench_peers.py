@@ -19,7 +19,7 @@ then, in float32 on the CPU:
    ``starpo.optimizer_step.jit_optimizer_step`` under each ``--train-remat`` policy (Tunix's model at
    its default, no rematerialisation). ``--train-group G``: a GRPO batch, each prompt's G
    answers in a row (Tunix's learner trains such groups, ``num_generations``); ours is then
-   also timed with each group's prompt run once per step (``actor.share_prefix``).
+   also timed with each group's prompt run once per step (``actor.share_prompt_forward``).
    Peak memory: ``jax.devices()[0].memory_stats()`` is None
    on the CPU backend, so the column is XLA's compiled memory analysis of the step
    (arguments + outputs + temporaries - aliased, i.e. what the step needs live at its peak);
@@ -154,15 +154,15 @@ def release_freed_memory() -> None:
 def our_train(model, inputs: dict, args, share: bool = False) -> dict:
     """One optimizer step of ours on the bench's batch; with ``share`` each group's prompt
     (``--train-group`` rows in a row) is a shared prefix, run once per step for the group
-    (``actor.share_prefix``, as the trainer builds it) and the rows hold the completions."""
+    (``actor.share_prompt_forward``, as the trainer builds it) and the rows hold the completions."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
+    from ragen_jax.config.resolve import update_settings
     from ragen_jax.starpo.optimizer_step import (
         Prefixes,
         TrainBatch,
-        UpdateConfig,
         jit_optimizer_step,
         make_optimizer,
     )
@@ -186,7 +186,7 @@ def our_train(model, inputs: dict, args, share: bool = False) -> dict:
                        jnp.asarray(loss_mask)[:, start:], jax.lax.stop_gradient(old_logp)[:, start:],
                        advantages[:, start:],
                        prefix_index=jnp.arange(b, dtype=jnp.int32) // args.train_group if share else None)
-    ucfg = UpdateConfig(lr=args.lr, clip_low=0.2, clip_high=0.2, micro_batches=1,
+    ucfg = update_settings(lr=args.lr, clip_low=0.2, clip_high=0.2, micro_batches=1,
                         loss_agg_mode="token-mean")
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     opt = make_optimizer(ucfg)
@@ -217,10 +217,10 @@ def our_rollout(model, args) -> dict:
     from ragen_jax.envs import make
     from ragen_jax.models import tokenizer as tokenizers
     from ragen_jax.rollout import Sampler
-    from ragen_jax.rollout.agent import AgentRollout, RolloutConfig, train_seeds
+    from ragen_jax.rollout.agent import AgentRollout, train_seeds
+    from ragen_jax.rollout.config import RolloutConfig, SamplingConfig
 
-    cfg = RolloutConfig(env_groups=args.groups, group_size=args.group_size, max_turn=args.turns,
-                        response_length=args.response_length, temperature=0.0)
+    cfg = RolloutConfig(env_groups=args.groups, group_size=args.group_size, max_turn=args.turns, response_length=args.response_length, sampling=SamplingConfig(temperature=0.0))
     tok = tokenizers.load(None)
     env, params = make("sokoban")
     rollout = AgentRollout(env, params, tok, cfg)

@@ -38,10 +38,10 @@ def step_memory(shape: str, rows: int, length: int, micro_batches: int, remat: s
     from flax import nnx
 
     from experiments.benchmarks.shapes import model_config
+    from ragen_jax.config.resolve import update_settings
     from ragen_jax.models import Qwen2ForCausalLM
     from ragen_jax.starpo.optimizer_step import (
         TrainBatch,
-        UpdateConfig,
         jit_optimizer_step,
         make_optimizer,
     )
@@ -49,7 +49,7 @@ def step_memory(shape: str, rows: int, length: int, micro_batches: int, remat: s
     cfg = model_config(shape, dtype=jnp.bfloat16, remat=remat)
     abstract = nnx.eval_shape(lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)))
     graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
-    ucfg = UpdateConfig(micro_batches=micro_batches)
+    ucfg = update_settings(micro_batches=micro_batches)
     opt = make_optimizer(ucfg)
     spec = lambda dtype: jax.ShapeDtypeStruct((rows, length), dtype)  # noqa: E731
     data = TrainBatch(spec(jnp.int32), spec(jnp.bool_), spec(jnp.int32), spec(jnp.float32),

@@ -18,7 +18,7 @@ chunks, decoding and parsing, batch assembly: everything outside the generate an
     python -m experiments.benchmarks.bench_rollout --sharing --groups 8 --group-size 16
         # a group's first prompt prefilled once, cache growth in multiples of 128: same seeds
     python -m experiments.benchmarks.bench_rollout --windows
-        # rollout.context_window full vs limited (k=1, k=2) vs single_turn: same seeds
+        # rollout.window.mode full vs limited (k=1, k=2) vs single_turn: same seeds
 
 Writes ``experiments/results/bench_rollout.md`` and prints the table.
 """
@@ -39,7 +39,8 @@ from ragen_jax.envs import make
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
 from ragen_jax.models import tokenizer as tokenizers
 from ragen_jax.rollout import Sampler
-from ragen_jax.rollout.agent import AgentRollout, RolloutConfig, train_seeds
+from ragen_jax.rollout.agent import AgentRollout, train_seeds
+from ragen_jax.rollout.config import RolloutConfig, SamplingConfig
 
 OUT = RESULTS / "bench_rollout.md"
 BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"  # jax.monitoring event
@@ -50,8 +51,7 @@ def bench(name: str, config: QwenConfig, args) -> list[dict]:
     model = Qwen2ForCausalLM(config, rngs=nnx.Rngs(0))
     sampler = Sampler(model, pad_id=tok.pad_token_id)
     env, params = make("sokoban")
-    cfg = RolloutConfig(env_groups=args.groups, group_size=args.group_size, max_turn=args.turns,
-                        response_length=args.response_length, temperature=1.0)
+    cfg = RolloutConfig(env_groups=args.groups, group_size=args.group_size, max_turn=args.turns, response_length=args.response_length, sampling=SamplingConfig(temperature=1.0))
     rollout = AgentRollout(env, params, tok, cfg)
     seeds = train_seeds(cfg, 0)
     rows = []
@@ -115,8 +115,7 @@ def bench_sharing(args) -> str:
     tok = tokenizers.load(None)
     model = Qwen2ForCausalLM(QwenConfig.tiny(), rngs=nnx.Rngs(0))
     env, params = make("sokoban")
-    cfg = RolloutConfig(env_groups=args.groups, group_size=args.group_size, max_turn=args.turns,
-                        response_length=args.response_length, temperature=0.0)
+    cfg = RolloutConfig(env_groups=args.groups, group_size=args.group_size, max_turn=args.turns, response_length=args.response_length, sampling=SamplingConfig(temperature=0.0))
     rollout = AgentRollout(env, params, tok, cfg)
     seeds = train_seeds(cfg, 0)
     settings = [("every row prefilled, power-of-two cache", dict(share_prompts=False)),
@@ -148,7 +147,7 @@ def bench_sharing(args) -> str:
     compiles = CompileCounter()
     for label, kw in settings:
         jax.clear_caches()  # every setting compiles its own shapes from nothing
-        kw = {"bucket_multiple": cfg.pad_multiple, **kw}
+        kw = {"bucket_multiple": cfg.sampler.prompt_pad_multiple, **kw}
         sampler = Sampler(model, pad_id=tok.pad_token_id, **kw)
         t0 = time.perf_counter()
         with compiles:
@@ -202,9 +201,7 @@ def bench_windows(args) -> str:
     sampler = Sampler(model, pad_id=tok.pad_token_id, bucket_multiple=64)
     rows = []
     for label, kw in WINDOWS:
-        cfg = RolloutConfig(env_groups=args.groups, group_size=args.group_size,
-                            max_turn=args.turns, response_length=args.response_length,
-                            temperature=1.0, **kw)
+        cfg = RolloutConfig(env_groups=args.groups, group_size=args.group_size, max_turn=args.turns, response_length=args.response_length, **kw, sampling=SamplingConfig(temperature=1.0))
         rollout = AgentRollout(env, params, tok, cfg)
         seeds = train_seeds(cfg, 0)
         t0 = time.perf_counter()

@@ -41,12 +41,12 @@ def weak_scaling_child(devices: int, per_device: int, length: int, repeats: int)
 
     from experiments.benchmarks.shapes import model_config
     from ragen_jax import distributed as dist
+    from ragen_jax.config.resolve import update_settings
     from ragen_jax.models import Qwen2ForCausalLM
     from ragen_jax.models.placement import shard_model
     from ragen_jax.sharding import make_mesh
     from ragen_jax.starpo.optimizer_step import (
         TrainBatch,
-        UpdateConfig,
         jit_optimizer_step,
         make_optimizer,
     )
@@ -55,7 +55,7 @@ def weak_scaling_child(devices: int, per_device: int, length: int, repeats: int)
     mesh = make_mesh((devices, 1, 1))
     cfg = model_config("tiny")
     model = shard_model(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), mesh)
-    ucfg = UpdateConfig(lr=1e-5)
+    ucfg = update_settings(lr=1e-5)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     opt = make_optimizer(ucfg)
     opt_state = dist.on_mesh(opt.init(params), mesh)
@@ -132,7 +132,8 @@ from ragen_jax.rollout.sampler import SamplingParams
 from ragen_jax.rollout.sampler import HashedGraph, generate_jit
 _generate = generate_jit(False)
 from ragen_jax.sharding import batch_sharding, make_mesh
-from ragen_jax.starpo.optimizer_step import UpdateConfig, make_optimizer, jit_optimizer_step
+from ragen_jax.config.resolve import update_settings
+from ragen_jax.starpo.optimizer_step import make_optimizer, jit_optimizer_step
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 def config(name):
@@ -155,7 +156,7 @@ for kind, name, mesh_shape, batch, length in CASES:
     try:
         if kind == "train":
             graphdef, params, rest = abstract_model(cfg, mesh)
-            ucfg = UpdateConfig(micro_batches=1)
+            ucfg = update_settings(micro_batches=1)
             opt = make_optimizer(ucfg)
             opt_state = jax.eval_shape(opt.init, params)
             data = train_batch(batch, length, cfg.vocab_size, batch_sharding(mesh))

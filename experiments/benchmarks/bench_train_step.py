@@ -30,7 +30,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("RAGEN_JAX_CACHE", tempfile.mkdtemp(prefix="bench_cache_"))
 
-    from ragen_jax.config import load_config
+    from ragen_jax.config.loading import load_config
     from ragen_jax.train import Trainer
 
     out = tempfile.mkdtemp(prefix="bench_train_step_")

@@ -31,8 +31,9 @@ def run_throughput(quick: bool) -> list[str]:
     import jax.numpy as jnp
     from flax import nnx
 
+    from ragen_jax.config.resolve import update_settings
     from ragen_jax.models import Qwen2ForCausalLM
-    from ragen_jax.starpo.optimizer_step import UpdateConfig, jit_optimizer_step, make_optimizer
+    from ragen_jax.starpo.optimizer_step import jit_optimizer_step, make_optimizer
 
     grid = {"tiny": [(8, 256), (32, 256), (8, 1024)], "0.5b": [(1, 256), (2, 256)]}
     if quick:
@@ -42,7 +43,7 @@ def run_throughput(quick: bool) -> list[str]:
     for name, cells in grid.items():
         cfg = model_config(name)
         model = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))
-        ucfg = UpdateConfig(lr=1e-6)
+        ucfg = update_settings(lr=1e-6)
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
         opt = make_optimizer(ucfg)
         opt_state = opt.init(params)
@@ -77,7 +78,8 @@ from experiments.benchmarks.shapes import model_config, train_batch
 from ragen_jax.models import Qwen2ForCausalLM
 from ragen_jax.models.placement import param_shardings
 from ragen_jax.sharding import batch_sharding, make_mesh
-from ragen_jax.starpo.optimizer_step import UpdateConfig, make_optimizer, jit_optimizer_step
+from ragen_jax.config.resolve import update_settings
+from ragen_jax.starpo.optimizer_step import make_optimizer, jit_optimizer_step
 
 for name, mesh_shape, batch, length in CASES:
     cfg = model_config(name, param_dtype=jnp.bfloat16, dtype=jnp.bfloat16)
@@ -88,7 +90,7 @@ for name, mesh_shape, batch, length in CASES:
     shardings = param_shardings(params, mesh)
     params = jax.tree.map(lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s), params, shardings,
                           is_leaf=lambda x: isinstance(x, nnx.Variable))
-    ucfg = UpdateConfig(micro_batches=1)
+    ucfg = update_settings(micro_batches=1)
     opt = make_optimizer(ucfg)
     opt_state = jax.eval_shape(opt.init, params)
     opt_state = jax.tree.map(lambda x: x, opt_state)
@@ -117,6 +119,10 @@ try:
 except ImportError:  # a commit from before the optimizer step had its module
     from ragen_jax.starpo.update import TrainBatch, UpdateConfig, make_optimizer
     from ragen_jax.starpo.update import make_train_step as jit_optimizer_step
+try:
+    from ragen_jax.config.resolve import update_settings
+except ImportError:  # a commit from before the config package: UpdateConfig had defaults
+    update_settings = UpdateConfig
 
 def roofline(n=2048, repeats=5):
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
@@ -139,7 +145,7 @@ def batch_of(b, t, vocab):
 
 for kind, layers, b, t, options in CASES:
     cfg = QwenConfig.qwen2_5_0_5b(**({"num_hidden_layers": layers} if layers else {}), **options)
-    ucfg = UpdateConfig(lr=1e-6)
+    ucfg = update_settings(lr=1e-6)
     opt = make_optimizer(ucfg)
     res = dict(kind=kind, layers=cfg.num_hidden_layers, batch=b, length=t, options=options)
     try:

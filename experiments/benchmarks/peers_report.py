@@ -45,7 +45,7 @@ NOTES = (
     "(ratio 1: minus the token-mean advantage). With `--train-group` above 1 the rows are a "
     "GRPO batch, groups of answers to one prompt: Tunix's loss runs every row's prompt; ours "
     "is timed per row and with each group's prompt run once per step (the trainer's "
-    "`actor.share_prefix`, exact); tokens/s counts the batch's rows x length on both sides.")
+    "`actor.share_prompt_forward`, exact); tokens/s counts the batch's rows x length on both sides.")
 
 
 def baseline_label(args) -> str:

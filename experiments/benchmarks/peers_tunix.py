@@ -218,12 +218,12 @@ def tunix_rollout(folder: Path, spec: dict) -> dict:
 
     from ragen_jax.envs import make
     from ragen_jax.models import tokenizer as tokenizers
-    from ragen_jax.rollout.agent import RolloutConfig, train_seeds
+    from ragen_jax.rollout.agent import train_seeds
+    from ragen_jax.rollout.config import RolloutConfig, SamplingConfig
     from ragen_jax.rollout.context import system_message
 
     r = spec["rollout"]
-    cfg = RolloutConfig(env_groups=r["groups"], group_size=r["group_size"], max_turn=r["turns"],
-                        response_length=r["response_length"], temperature=0.0)
+    cfg = RolloutConfig(env_groups=r['groups'], group_size=r['group_size'], max_turn=r['turns'], response_length=r['response_length'], sampling=SamplingConfig(temperature=0.0))
     ctx = cfg.context
     tok = tokenizers.load(None)
     env, params = make("sokoban")

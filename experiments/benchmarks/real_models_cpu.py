@@ -60,11 +60,11 @@ def overhead(folder: str, *, batch: int, steps: int, repeats: int) -> str:
     string that never occurs (every row runs every step either way); one line."""
     import jax
 
+    from ragen_jax.config.schema import ModelConfig
     from ragen_jax.models import compute_copy
     from ragen_jax.policy import build_actor, load_tokenizer
     from ragen_jax.rollout import Sampler, SamplingParams
     from ragen_jax.rollout.stop_strings import stop_automaton
-    from ragen_jax.schema import ModelConfig
 
     model_config = ModelConfig(path=folder, dtype="auto")
     tok = load_tokenizer(model_config)

@@ -63,7 +63,7 @@ def main() -> None:
     val_rows = board_rows(env, env_params, val_seeds, args.walk, rng)
     names = env.action_names_for(train_rows[0][0])
     tokenizer = tokenizers.builtin()
-    template = base.get_config("tiny").rollout.turn_template  # the tiny preset's wording
+    template = base.get_config("tiny").rollout.prompt.turn_template  # the tiny preset's wording
     train = encode_board_rows(env, train_rows, tokenizer, args.form, len(names), template)
     val = encode_board_rows(env, val_rows, tokenizer, args.form, len(names), template)
     print(f"{len(train_rows)} training rows ({args.levels} seeds), {len(val_rows)} held-out rows "

@@ -164,7 +164,7 @@ def common_overrides(args: argparse.Namespace, gradient_analysis: bool) -> list[
     return ["--config.trainer.progress=False", "--config.trainer.save_trajectories=False",
             "--config.trainer.save_freq=1000",
             f"--config.trainer.test_freq={args.val_freq}",
-            f"--config.rollout.val_groups={args.val_groups}",
+            f"--config.rollout.val.env_groups={args.val_groups}",
             f"--config.diagnostics.compute_freq={args.diag_freq}",
             f"--config.diagnostics.gradient_analysis={gradient_analysis}", *args.override]
 

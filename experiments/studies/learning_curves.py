@@ -77,7 +77,7 @@ def launch(name: str, out: Path, extra: list[str], budget: float | None, log: Pa
 
 def build_prior(name: str, extra: list[str], runs: Path) -> float:
     """Builds (or finds) the cached starting policy in a child process; returns its seconds."""
-    code = ("import sys; from ragen_jax.config import load_config; from ragen_jax.train import Trainer; "
+    code = ("import sys; from ragen_jax.config.loading import load_config; from ragen_jax.train import Trainer; "
             "print(Trainer(load_config(sys.argv[1:])).warmstart())")
     cmd = [sys.executable, "-c", code, "--config", f"configs/{name}.py",
            f"--config.trainer.output_dir={runs / f'{name}-prior'}", *extra]
@@ -90,7 +90,7 @@ def build_prior(name: str, extra: list[str], runs: Path) -> float:
 def imitate(name: str, budget: float, seed: int, extra: list[str], out: Path, points: int = 8) -> None:
     """The imitation control (see the module docstring): ``curve.json`` of (SFT steps, SFT
     wall seconds, validation success) from the starting policy on."""
-    from ragen_jax.config import load_config
+    from ragen_jax.config.loading import load_config
     from ragen_jax.policy import trained
     from ragen_jax.sft import train_sft
     from ragen_jax.train import Trainer

@@ -7,7 +7,7 @@ For each env (the presets' parameters): ``--draws`` seeds from a training range,
 ids (``envs.levels``), the distinct count and the Chao1 estimate of how many levels the
 generator has in all (``distinct + f1^2 / (2 f2)``, f1 / f2 the levels seen once / twice: a
 lower bound that is tight when most levels were seen); then the presets' 256 validation seeds
-(``rollout.val_seed + i``): how many distinct levels they are, and how many of them a training
+(``rollout.val.seed + i``): how many distinct levels they are, and how many of them a training
 range of ``--draws`` seeds would replay without holding out (the seed ranges are disjoint, the
 levels are not). Last, for the JAX envs, the cost of holding out on device: one jitted reset of
 ``--batch`` envs with the 256 validation levels held out, against the same reset with none

@@ -2,7 +2,7 @@
 
 Runs (or, with ``--summarize-only``, reads) two 20-step tiny runs and reports their curves:
 
-* ``limited``: FrozenLake with ``rollout.context_window=limited``, ``window_turns=1`` and
+* ``limited``: FrozenLake with ``rollout.window.mode=limited``, ``window_turns=1`` and
   ``algorithm.sample_unit=turn`` (each prompt: the system message and the current turn; one
   training row per turn);
 * ``mixed``: ``configs/mixed.py`` (SimpleSokoban + FrozenLake in one batch, per-tag metrics
@@ -28,8 +28,8 @@ from ragen_jax.metrics import read_jsonl
 from ragen_jax.plots import series
 
 RUNS = {
-    "limited": ["--config", "configs/frozenlake.py", "--config.rollout.context_window=limited",
-                "--config.rollout.window_turns=1", "--config.algorithm.sample_unit=turn"],
+    "limited": ["--config", "configs/frozenlake.py", "--config.rollout.window.mode=limited",
+                "--config.rollout.window.turns=1", "--config.algorithm.sample_unit=turn"],
     "mixed": ["--config", "configs/mixed.py"],
 }
 COMMON = ["--config.trainer.total_steps=20", "--config.trainer.test_freq=5",

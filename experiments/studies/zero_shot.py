@@ -3,7 +3,7 @@
 For each model (``NAME=PRESET=PATH``: a Hugging Face folder or a ``.gguf`` file, the preset
 whose settings the run would train with) and each env config (``--envs``), runs
 ``ragen_jax.eval.evaluate`` on the first ``--episodes`` validation episodes of every tag
-(RAGEN's prompts, ``rollout.val_temperature``) and tabulates, per tag: success, the
+(RAGEN's prompts, ``rollout.val.temperature``) and tabulates, per tag: success, the
 format-error rate (turns whose answer did not parse), the mean answer length in tokens per
 turn, and the wall time of the evaluation (compilation included: a user's first run pays it).
 RAGEN publishes no step-0 figures for Qwen2.5-0.5B-Instruct; beside each tag stands what
@@ -43,11 +43,11 @@ RAGEN_TRAINED = {"Bandit": 100.00, "BanditTest": 67.58, "FrozenLake": 19.92, "So
 def run_one(name: str, preset: str, path: str, env: str, episodes: int, work: Path,
             overrides: list[str]) -> list[dict]:
     """Evaluates one model on one env config; one row per validation tag."""
-    from ragen_jax.config import load_config
+    from ragen_jax.config.loading import load_config
     from ragen_jax.eval import evaluate
 
     args = [f"--config=configs/{env}.py:{preset}", f"--config.model.path={path}",
-            f"--config.rollout.val_groups={episodes}", *overrides]
+            f"--config.rollout.val.env_groups={episodes}", *overrides]
     config = load_config(args, prog="zero_shot")
     t0 = time.perf_counter()
     _, summary = evaluate(config, work / f"{name}-{env}")

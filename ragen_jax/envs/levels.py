@@ -117,4 +117,4 @@ def held_out_error(name: str, seeds: Any) -> HeldOutError:
     return HeldOutError(
         f"env {name}: {MAX_DRAWS} draws from seed {seeds[0]} (and {len(seeds) - 1} more) were all "
         f"validation levels: the generator yields too few distinct levels to hold validation "
-        f"out (set rollout.held_out_val=False to validate on training levels)")
+        f"out (set rollout.val.held_out=False to validate on training levels)")

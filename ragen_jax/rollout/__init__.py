@@ -4,12 +4,12 @@ agent loop."""
 from ragen_jax.rollout.agent import (
     AgentRollout,
     Policy,
-    RolloutConfig,
     collect,
     train_seeds,
     val_seeds,
 )
 from ragen_jax.rollout.batch import RolloutBatch
+from ragen_jax.rollout.config import RolloutConfig
 from ragen_jax.rollout.context import ChatFormat, ContextConfig, parse_response
 from ragen_jax.rollout.env_driver import env_functions
 from ragen_jax.rollout.sampler import SampleOutput, Sampler, SamplingParams, bucket_length

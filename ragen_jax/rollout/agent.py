@@ -15,14 +15,14 @@ One ``AgentRollout.collect`` call plays ``groups x group_size`` episodes of one 
   on. Generation is the sampler's jitted prefill + ``while_loop``. The host only does small string work: it renders states,
   tokenises the inserted chunks, decodes and parses answers, and assembles the batch (per
   row, never per token).
-* **One token sequence per trajectory, KV cache across turns** (``rollout.context_window=
+* **One token sequence per trajectory, KV cache across turns** (``rollout.window.mode=
   full``, the default). Turn k prefills only its new chunk (``ChatFormat.first_chunk`` /
   ``next_chunk``) into the cache the previous turn left, then decodes. ``reuse_cache=False``
   re-encodes the whole history each turn instead (the benchmark's baseline; same tokens,
-  same batch). The ``limited`` and ``single_turn`` windows (``rollout.window``) rebuild each
+  same batch). The ``limited`` and ``single_turn`` windows (``rollout/window.py``) rebuild each
   turn's prompt on the host; a turn whose prompts do not all extend the rows' previous
   sequences prefills the whole prompts into a fresh cache.
-* **Stop strings** (``rollout.stop_strings``, off by default; ``</answer>`` in the real-model
+* **Stop strings** (``rollout.sampling.stop_strings``, off by default; ``</answer>`` in the real-model
   presets): besides the stop ids, a turn ends with the sampled token that completes one of
   them (``rollout/stop_strings.py``: a per-token automaton in the jitted decode loop), so an
   answer that goes on after ``</answer>`` does not hold the batch to the token budget.
@@ -34,7 +34,7 @@ One ``AgentRollout.collect`` call plays ``groups x group_size`` episodes of one 
   or truncates (its ``max_steps``), when the action budget is spent (truncated), after
   ``max_turn`` turns (unfinished), or when the turn's prompt plus a full response would not
   fit ``max_model_len`` real tokens (truncated, counted in ``rollout/length_truncated``), unless
-  ``rollout.overlong=truncate`` drops the oldest turns from the prompt instead.
+  ``rollout.window.overlong=truncate`` drops the oldest turns from the prompt instead.
   ``success`` = terminated, not truncated, and the env's ``info["success"]`` on the last step
   (for Sokoban terminated already means solved; FrozenLake also terminates in a hole).
 * **Policies** (``Policy``): the ``Sampler``, or a scripted policy
@@ -48,8 +48,6 @@ metrics) is assembled by ``ragen_jax.rollout.batch``, whose docstring describes 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -60,9 +58,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ragen_jax.rollout.batch import Episode, Piece, RolloutBatch, assemble_batch
+from ragen_jax.rollout.config import RolloutConfig
 from ragen_jax.rollout.context import (
     ChatFormat,
-    ContextConfig,
     ParsedTurn,
     parse_response,
     system_message,
@@ -77,93 +75,9 @@ from ragen_jax.rollout.env_driver import (
 )
 from ragen_jax.rollout.sampler import SampleOutput, SamplingParams
 from ragen_jax.rollout.stop_strings import StopAutomaton, stop_automaton
-from ragen_jax.rollout.window import MODES, OVERLONG, ContextWindow, WindowPrompt
+from ragen_jax.rollout.window import ContextWindow, WindowPrompt
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RolloutConfig:
-    """The ``config.rollout`` section of a run: groups, budgets, lengths, prompt wording and
-    sampling of a rollout (defaults: RAGEN's V2 base config). Each field's comment is its
-    user documentation. ``context`` is the prompt/parsing ``ContextConfig`` they imply."""
-
-    env_groups: int = 8  # groups per training step (RAGEN: 8)
-    group_size: int = 16  # envs per group, sharing an initial state (RAGEN: 16)
-    max_turn: int = 5  # LLM calls per episode (RAGEN: 5)
-    max_actions_per_traj: int = 10  # env actions per episode (RAGEN: 10)
-    max_actions_per_turn: int = 2  # env actions parsed per answer (RAGEN: 2)
-    response_length: int = 400  # max new tokens per turn (RAGEN: 400)
-    stop_strings: tuple = ()  # a turn also ends right after the model writes one of these, exact across tokens (vLLM's stop), e.g. ("</answer>",); the end-of-turn token is then inserted as template text; () = off (RAGEN: off)
-    max_model_len: int = 3600  # max tokens of a trajectory (RAGEN: 3600)
-    temperature: float = 1.0  # training sampling temperature (RAGEN: 1)
-    top_p: float = 1.0  # training nucleus (RAGEN: 1)
-    top_k: int = 0  # training top-k, 0 = off (RAGEN: -1)
-    enable_think: bool = True  # <think>..</think><answer>..</answer>; False: answer only
-    format_penalty: float = -0.1  # added once to a turn with a format error (RAGEN: -0.1)
-    turn_template: str = ""  # per-turn user text ({turn} {state} {warning} {actions_left} {format} {max_tokens}); "" = RAGEN's
-    system_template: str = ""  # the system message ({instruction} {legend} {actions} {max_actions_per_turn}); "" = RAGEN's (prefix, instruction, legend, actions)
-    max_tokens_hint: int = 0  # the prompt's {max_tokens} ("Max response length"); 0 = response_length (RAGEN's max_tokens)
-    max_answer_chars: int = 256  # an <answer> longer than this is a format error (keeps a runaway answer out of the env); code envs raise it
-    use_turn_scores: bool = False  # each turn's score on its last token (bi-level GAE)
-    train_seed: int = 10000  # first training group seed (RAGEN: 10000)
-    val_seed: int = 123  # first validation group seed (RAGEN: 123)
-    held_out_val: bool = True  # training and warm-start data skip every validation level (by level identity, envs.levels); False: validation may replay training levels (RAGEN: seeds only)
-    val_groups: int = 256  # validation envs (RAGEN: 512 x 1; V1: 256)
-    val_group_size: int = 1  # validation group size (RAGEN: 1)
-    val_temperature: float = 0.5  # validation sampling temperature (RAGEN: 0.5)
-    pad_multiple: int = 64  # batch length is rounded up to this (bounds recompiles)
-    cache_multiple: int = 0  # the sampler's KV cache grows to a multiple of this; 0 = powers of two
-    group_prefix: bool = True  # a group's common first prompt is held once in the KV cache and attended in place by its rows (exact); False: copied to every row
-    context_window: str = "full"  # each turn's prompt: full (the whole episode, KV cache across turns) | limited (system + the last window_turns turns) | single_turn (history summarised in one user message) (RAGEN: context_window_mode)
-    window_turns: int = 0  # limited / single_turn: turns a prompt shows, the current one included; 0 = all (RAGEN: max_context_window, -1 = all)
-    overlong: str = "end"  # a prompt + full answer past max_model_len: end (the episode, truncated) | truncate (drop the oldest turns, system message kept: RAGEN's _apply_max_length)
-
-    def __post_init__(self):
-        for name in ("env_groups", "group_size", "max_turn", "max_actions_per_traj",
-                     "max_actions_per_turn", "response_length", "max_model_len", "val_groups",
-                     "val_group_size", "pad_multiple", "max_answer_chars"):
-            self._require(name, getattr(self, name) >= 1, ">= 1")
-        for name in ("temperature", "val_temperature", "top_k", "max_tokens_hint", "cache_multiple"):
-            self._require(name, getattr(self, name) >= 0, ">= 0")
-        self._require("top_p", 0 < self.top_p <= 1, "in (0, 1]")
-        self._require("stop_strings", all(isinstance(x, str) and x for x in self.stop_strings),
-                      "a tuple of non-empty strings")
-        try:
-            self.system_template.format(instruction="", legend="", actions="", max_actions_per_turn=1)
-        except (KeyError, IndexError, ValueError) as e:
-            raise ValueError(f"rollout.system_template: only {{instruction}} {{legend}} {{actions}} "
-                             f"{{max_actions_per_turn}} can be filled in, got {self.system_template!r} ({e!r})") from None
-        self._require("context_window", self.context_window in MODES, f"one of {MODES}")
-        self._require("overlong", self.overlong in OVERLONG, f"one of {OVERLONG}")
-        self._require("window_turns", self.window_turns >= 0, ">= 0")
-        self._require("window_turns", self.context_window != "full" or self.window_turns == 0,
-                      "0 with rollout.context_window=full (the window is the whole episode)")
-
-    def _require(self, name: str, ok: bool, requirement: str) -> None:
-        if not ok:
-            raise ValueError(f"rollout.{name} must be {requirement}, got {getattr(self, name)!r}")
-
-    @functools.cached_property
-    def context(self) -> ContextConfig:
-        """The prompt wording and parsing budget these settings imply ("" ``turn_template``:
-        ``ContextConfig``'s, RAGEN's wording; the length hint is ``response_length`` unless
-        ``max_tokens_hint`` is set)."""
-        return ContextConfig(
-            enable_think=self.enable_think, max_actions_per_turn=self.max_actions_per_turn,
-            format_penalty=self.format_penalty, max_answer_chars=self.max_answer_chars,
-            max_tokens_hint=self.max_tokens_hint or self.response_length, system_template=self.system_template,
-            **({"turn_template": self.turn_template} if self.turn_template else {}))
-
-    def sampling(self, temperature: float | None = None) -> SamplingParams:
-        """Training sampling (``temperature`` overrides the configured one)."""
-        t = self.temperature if temperature is None else temperature
-        return SamplingParams(max_new_tokens=self.response_length, temperature=t,
-                              top_k=self.top_k, top_p=self.top_p)
-
-    def val_sampling(self) -> SamplingParams:
-        """Validation sampling: ``val_temperature``, the training top-k / top-p."""
-        return self.sampling(self.val_temperature)
 
 
 def train_seeds(cfg: RolloutConfig, iteration: int) -> np.ndarray:
@@ -173,7 +87,7 @@ def train_seeds(cfg: RolloutConfig, iteration: int) -> np.ndarray:
 
 def val_seeds(cfg: RolloutConfig) -> np.ndarray:
     """The fixed validation group seeds."""
-    return cfg.val_seed + np.arange(cfg.val_groups)
+    return cfg.val.seed + np.arange(cfg.val.env_groups)
 
 
 class Policy(Protocol):
@@ -261,7 +175,7 @@ class AgentRollout:
 
     ``eos_ids``: ids that end a turn besides the chat template's end-of-turn token and the
     tokenizer's eos token (a model folder's ``generation_config.json`` list; see
-    ``ChatFormat``). ``config.stop_strings`` are compiled for ``tokenizer`` here, once
+    ``ChatFormat``). ``config.sampling.stop_strings`` are compiled for ``tokenizer`` here, once
     (``stop_strings.stop_automaton`` caches them per tokenizer).
     """
 
@@ -273,12 +187,12 @@ class AgentRollout:
         self.config = config
         self.tag = tag or env.name
         self.chat = ChatFormat(tokenizer, config.context, eos_ids=eos_ids,
-                               stop_strings=config.stop_strings)
-        self.stop_strings = (stop_automaton(tokenizer, config.stop_strings)
-                             if config.stop_strings else None)
+                               stop_strings=config.sampling.stop_strings)
+        self.stop_strings = (stop_automaton(tokenizer, config.sampling.stop_strings)
+                             if config.sampling.stop_strings else None)
         self.driver = make_driver(env, env_params, config.max_actions_per_turn)
-        self.window = ContextWindow(self.chat, mode=config.context_window,
-                                    window_turns=config.window_turns, overlong=config.overlong,
+        self.window = ContextWindow(self.chat, mode=config.window.mode,
+                                    window_turns=config.window.turns, overlong=config.window.overlong,
                                     max_model_len=config.max_model_len,
                                     response_length=config.response_length)
 
@@ -298,7 +212,7 @@ class AgentRollout:
         which come from ``group_seeds`` only. Each episode draws from ``key`` folded with its
         row index plus ``row_offset``, so a process playing rows ``[offset, offset + n)`` of a
         larger batch plays them exactly as one process playing the whole batch would.
-        ``sampling`` defaults to ``config.sampling()``. ``held_out``: skip the levels given to
+        ``sampling`` defaults to ``config.sampling_params()``. ``held_out``: skip the levels given to
         ``hold_out`` (training and prior data; validation passes False).
         """
         cfg, timer = self.config, _Timer()
@@ -307,7 +221,7 @@ class AgentRollout:
         group_ids = np.repeat(np.arange(seeds.size, dtype=np.int32), gs)
         row_ids = jnp.arange(group_ids.size, dtype=jnp.uint32) + np.uint32(row_offset)
         k_sample, k_env = jax.random.split(key)
-        sp = sampling or cfg.sampling()
+        sp = sampling or cfg.sampling_params()
         with timer("env_s"):
             reset = self.driver.reset(seeds[group_ids], held_out=held_out)
         states, host, errors = reset.states, reset.host, reset.errors
@@ -352,7 +266,7 @@ class AgentRollout:
 
     def _build_prompts(self, eps: list[Episode], host: Any, turn: int) -> _Prompts:
         """Opens turn ``turn`` of every live episode, tokenises its transcript chunk and builds
-        its prompt (``rollout.window``); an episode whose prompt plus a full response would
+        its prompt (``rollout/window.py``); an episode whose prompt plus a full response would
         exceed ``max_model_len`` (after dropping turns, with ``overlong=truncate``) ends
         instead."""
         rows = [i for i, ep in enumerate(eps) if not ep.done]
@@ -490,7 +404,7 @@ class AgentRollout:
         final = [self.env.render_text(row_state(host, b)) for b in range(len(eps))]
         batch = assemble_batch(eps, seeds=seeds, group_ids=group_ids, group_size=group_size,
                                final_states=final, tag=self.tag, pad_id=self.chat.pad_id,
-                               pad_multiple=cfg.pad_multiple, use_turn_scores=cfg.use_turn_scores)
+                               pad_multiple=cfg.sampler.prompt_pad_multiple, use_turn_scores=cfg.use_turn_scores)
         n_len = batch.metrics["rollout/length_truncated"]
         if n_len:
             log.warning("%d of %d episodes ended at max_model_len=%d", n_len, len(eps),
@@ -500,10 +414,10 @@ class AgentRollout:
 
 def collect(policy: Policy, env: Any, env_params: Any, tokenizer: Any,
             group_seeds: Sequence[int] | np.ndarray, key: jax.Array,
-            config: RolloutConfig = RolloutConfig(), **kw: Any) -> RolloutBatch:
+            config: RolloutConfig | None = None, **kw: Any) -> RolloutBatch:
     """A one-shot ``AgentRollout(env, env_params, tokenizer, config).collect(...)``.
 
     The jitted env functions are cached per env object and the chat pieces are cheap, so a
     fresh ``AgentRollout`` per call costs nothing measurable; keep one to skip even that.
     """
-    return AgentRollout(env, env_params, tokenizer, config).collect(policy, group_seeds, key, **kw)
+    return AgentRollout(env, env_params, tokenizer, config or RolloutConfig()).collect(policy, group_seeds, key, **kw)

@@ -25,7 +25,7 @@ device):
   inserted template text, so the sequence stays a well-formed chat
   (``...<|endoftext|><|im_end|>\n<|im_start|>user...``). Only these inserted chunks are ever
   tokenised; generated tokens are kept as sampled and never re-tokenised from decoded text.
-  **A turn ended by a stop string** (``rollout.stop_strings``, e.g. ``</answer>``) is the
+  **A turn ended by a stop string** (``rollout.sampling.stop_strings``, e.g. ``</answer>``) is the
   same case: the trajectory holds the sampled tokens up to and including the one that
   completed the string (loss mask 1; that token may carry text past the string, e.g.
   ``>\n\n``, which stays, as sampled), and the model did not emit its end-of-turn token, so
@@ -93,9 +93,13 @@ ENV_LEGENDS = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ContextConfig:
-    """Prompt wording and per-turn parsing budget (defaults: RAGEN's wording and budget).
+    """Prompt wording and per-turn parsing budget (defaults: RAGEN's wording).
+
+    The fields without a default are run settings: ``RolloutConfig.context`` fills them from
+    the run config (``config.rollout``, whose defaults are RAGEN's budget), so each default
+    is written once.
 
     ``env_instruction`` None means ``ENV_INSTRUCTIONS[type(env).__name__]`` (or empty).
     ``prefill_tag``: append ``<think>`` (``<answer>`` when thinking is off) to the generation
@@ -105,15 +109,15 @@ class ContextConfig:
     ``max_tokens``) unless configured otherwise.
     """
 
-    enable_think: bool = True
-    max_actions_per_turn: int = 2
-    format_penalty: float = -0.1
-    max_tokens_hint: int = 400
-    max_answer_chars: int = 256
+    enable_think: bool
+    max_actions_per_turn: int
+    format_penalty: float
+    max_tokens_hint: int
+    max_answer_chars: int
+    system_template: str  # the whole system message ({instruction} {legend} {actions} {max_actions_per_turn}); "" = RAGEN's composition below
     prefill_tag: bool = True
     action_sep: str = "||"
     env_instruction: str | None = None
-    system_template: str = ""  # the whole system message ({instruction} {legend} {actions} {max_actions_per_turn}); "" = RAGEN's composition below
     system_prefix: str = "You're a helpful assistant. "
     legend_template: str = "\nThe meaning of each symbol in the state is:\n{legend}"
     actions_template: str = (

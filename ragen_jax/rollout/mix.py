@@ -1,16 +1,16 @@
 """Several environments in one run (RAGEN's ``es_manager.{train,val}.env_configs``: tags and
 ``n_groups``).
 
-A run's envs are ``EnvSlot``s in order (``schema.env_specs``: the ``env.mix`` entries, or the
+A run's envs are ``EnvSlot``s in order (``config.schema.env_specs``: the ``env.mix`` entries, or the
 one env plus its ``env.val_extra`` validation envs). A training step's ``rollout.env_groups``
 groups are the slots' ``groups`` in order: slot k plays groups ``[first_k, first_k + groups_k)``
 of the step, on those groups' seeds of ``train_seeds`` (so with one env, exactly what a
 single-env run plays). Validation plays each slot's ``val_groups`` groups on the fixed seeds
-``rollout.val_seed + i``, the first ``val_groups`` seeds of a single-env run of that env, so a
+``rollout.val.seed + i``, the first ``val_groups`` seeds of a single-env run of that env, so a
 mixed run's per-tag validation is comparable with that env's own runs.
 
 Each slot has its own ``RolloutConfig``: the run's, with the entry's ``rollout`` values
-(``schema.MIX_ROLLOUT_FIELDS``: turn and action budgets, response length, prompt wording, e.g.
+(``config.schema.MIX_ROLLOUT_FIELDS``: turn and action budgets, response length, prompt wording, e.g.
 a one-step env such as Countdown mixed with multi-turn grids). Each slot is played by its own
 ``AgentRollout.collect`` call (its env driver: a JAX env's
 jitted ``vmap``, a host env's threads; its own generation batches), and the batches are
@@ -33,8 +33,9 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from ragen_jax.rollout.agent import AgentRollout, RolloutConfig, train_seeds
+from ragen_jax.rollout.agent import AgentRollout, train_seeds
 from ragen_jax.rollout.batch import RolloutBatch, concat_batches
+from ragen_jax.rollout.config import RolloutConfig
 
 
 class EnvSlot(NamedTuple):
@@ -81,11 +82,11 @@ def collect_val(slots: Sequence[EnvSlot], policy: Any, config: RolloutConfig,
     for i, slot in enumerate(slots):
         if slot.val_groups:
             part = share(slot.val_groups, f"validation groups of env {slot.tag}")
-            seeds = config.val_seed + np.arange(slot.val_groups)
+            seeds = config.val.seed + np.arange(slot.val_groups)
             batches.append(slot.rollout.collect(
-                policy, seeds[part], val_key(i), group_size=config.val_group_size,
-                sampling=slot.rollout.config.val_sampling(),
-                row_offset=part.start * config.val_group_size, held_out=False))
+                policy, seeds[part], val_key(i), group_size=config.val.group_size,
+                sampling=slot.rollout.config.val_sampling_params(),
+                row_offset=part.start * config.val.group_size, held_out=False))
             tags.append(i)
     return concat_batches(batches, tags)
 
@@ -93,7 +94,7 @@ def collect_val(slots: Sequence[EnvSlot], policy: Any, config: RolloutConfig,
 def validation_levels(slots: Sequence[EnvSlot], config: RolloutConfig) -> np.ndarray:
     """``[N] uint64``: the distinct level ids of every slot's validation levels (the seeds
     ``collect_val`` plays): what the training stream and the prior's data hold out."""
-    ids = [slot.rollout.level_ids(config.val_seed + np.arange(slot.val_groups), held_out=False)
+    ids = [slot.rollout.level_ids(config.val.seed + np.arange(slot.val_groups), held_out=False)
            for slot in slots if slot.val_groups]
     ids = np.concatenate(ids) if ids else np.zeros(0, np.uint64)
     return np.unique(ids[ids != 0])

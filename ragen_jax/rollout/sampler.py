@@ -8,7 +8,7 @@ Per call (one turn):
    the cache (continuing an existing cache for later turns; a chunk of more than
    ``prefill_tokens`` tokens in blocks of rows), then decode token by token in a
    ``lax.while_loop`` until every sequence has hit a stop token, completed a stop string
-   (``rollout.stop_strings``: a per-token automaton stepped per row, ``stop_strings.py``) or
+   (``rollout.sampling.stop_strings``: a per-token automaton stepped per row, ``stop_strings.py``) or
    spent its token budget, or the static ``max_new_tokens`` steps are done. No host round
    trip happens inside the loop.
    On the CPU the model runs in ``decode_layout`` (``[in, out]`` weights: a batch-8 decode
@@ -393,9 +393,9 @@ class Sampler:
     def for_rollout(cls, model: Qwen2ForCausalLM, rollout, *, pad_id: int = 0) -> Sampler:
         """The sampler a ``RolloutConfig`` asks for (prompt buckets, cache growth, group
         prefix): the trainer's and evaluation's, built in one place."""
-        return cls(model, pad_id=pad_id, bucket_multiple=rollout.pad_multiple,
-                   cache_multiple=rollout.cache_multiple or None,
-                   group_prefix=rollout.group_prefix, episode_slots=episode_slots(rollout))
+        return cls(model, pad_id=pad_id, bucket_multiple=rollout.sampler.prompt_pad_multiple,
+                   cache_multiple=rollout.sampler.cache_multiple or None,
+                   group_prefix=rollout.sampler.share_prompt_cache, episode_slots=episode_slots(rollout))
 
     def update(self, model: Qwen2ForCausalLM) -> None:
         """Uses ``model``'s current parameters from now on."""
@@ -546,11 +546,11 @@ def stop_rows(stop_tokens: Sequence[int] | np.ndarray, batch: int) -> np.ndarray
 
 def episode_slots(rollout) -> int:
     """Cache slots that hold a whole episode of ``rollout`` (a ``RolloutConfig``): its
-    ``max_model_len`` real tokens, plus each turn's prompt padding (under ``pad_multiple``)
+    ``max_model_len`` real tokens, plus each turn's prompt padding (under ``sampler.prompt_pad_multiple``)
     and a full answer's slots a turn (the batch decodes to its longest answer), rounded up to
     64. The cache grows to this once, at the second turn; a batch whose turns still need more
     (rows whose longest prompts and answers fall in different turns) grows again."""
-    multiple = rollout.pad_multiple or 64
+    multiple = rollout.sampler.prompt_pad_multiple
     return round_up(rollout.max_model_len + rollout.max_turn * (multiple + rollout.response_length),
                     64)
 

@@ -1,4 +1,4 @@
-"""Stop strings (``rollout.stop_strings``): a turn ends right after the model has generated one
+"""Stop strings (``rollout.sampling.stop_strings``): a turn ends right after the model has generated one
 of them, as vLLM's ``stop`` ends a generation, exact at the character level even where a string
 spans several tokens or begins inside one.
 

@@ -1,4 +1,4 @@
-"""Context windows: what each turn's prompt shows of the episode (``rollout.context_window``).
+"""Context windows: what each turn's prompt shows of the episode (``rollout.window.mode``).
 
 RAGEN's ``context_window_mode``, three ways to build the prompt of turn t:
 
@@ -33,7 +33,7 @@ re-serialised ``<think>..</think><answer>..</answer>`` text; a ``single_turn`` s
 shows the sampled answer itself, with the prefilled ``<think>`` tag before it and without its
 stop token).
 
-**Over-long prompts** (``rollout.overlong``): a turn whose prompt plus a full answer
+**Over-long prompts** (``rollout.window.overlong``): a turn whose prompt plus a full answer
 (``response_length``) would exceed ``max_model_len`` either ends the episode (``end``, the
 default: truncated, counted in ``rollout/length_truncated``) or drops the oldest turns shown,
 the system message kept, until it fits (``truncate``: RAGEN's ``_apply_max_length``, which
@@ -95,9 +95,9 @@ class ContextWindow:
     def __init__(self, chat: ChatFormat, *, mode: str = "full", window_turns: int = 0,
                  overlong: str = "end", max_model_len: int, response_length: int):
         if mode not in MODES:
-            raise ValueError(f"rollout.context_window must be one of {MODES}, got {mode!r}")
+            raise ValueError(f"rollout.window.mode must be one of {MODES}, got {mode!r}")
         if overlong not in OVERLONG:
-            raise ValueError(f"rollout.overlong must be one of {OVERLONG}, got {overlong!r}")
+            raise ValueError(f"rollout.window.overlong must be one of {OVERLONG}, got {overlong!r}")
         self.chat, self.mode, self.k, self.overlong = chat, mode, int(window_turns), overlong
         self.budget = int(max_model_len) - int(response_length)  # longest prompt that fits
         self._stops = set(int(i) for i in chat.stop_ids)

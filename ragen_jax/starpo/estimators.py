@@ -20,7 +20,7 @@ from ragen_jax.starpo import advantages as adv_lib
 
 @dataclasses.dataclass(frozen=True)
 class AdvantageSettings:
-    """The ``config.algorithm`` fields the estimators read (built by ``schema.resolve``,
+    """The ``config.algorithm`` fields the estimators read (built by ``config.resolve.resolve``,
     whose dataclasses hold the defaults)."""
 
     estimator: str

@@ -42,30 +42,31 @@ from ragen_jax.starpo import losses
 from ragen_jax.starpo.token_scores import token_logprobs
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class UpdateConfig:
-    """One role's optimisation settings, resolved from the run config by ``schema.resolve``
-    (the defaults equal the schema's, which a test checks; they serve direct use in tests
-    and benchmarks). ``total_steps`` and ``warmup_steps`` count training steps."""
+    """One role's optimisation settings, resolved from the run config by
+    ``config.resolve.resolve``, which gives every field without a default here (its default is
+    the run config's: ``config.resolve.update_settings`` gives the default run's, for direct
+    use in tests and benchmarks). ``total_steps`` and ``warmup_steps`` count training steps."""
 
-    lr: float = 1e-6
-    lr_schedule: str = "constant"  # or "cosine": linear warmup, cosine decay to 0
-    warmup_steps: int = 0
+    lr: float
+    lr_schedule: str  # "constant" or "cosine": linear warmup, cosine decay to 0
+    warmup_steps: int
     total_steps: int = 0  # optimizer steps, for "cosine"
     b1: float = 0.9
     b2: float = 0.999
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    clip_c: float = 3.0
-    entropy_coeff: float = 0.001
-    kl_coef: float = 0.0
-    kl_estimator: str = "k1"
-    loss_agg_mode: str = "token-mean"
-    micro_batches: int = 1
-    temperature: float = 1.0
-    value_clip: float = 0.5  # critic only
+    weight_decay: float
+    grad_clip: float
+    clip_low: float
+    clip_high: float
+    clip_c: float
+    entropy_coeff: float
+    kl_coef: float
+    kl_estimator: str
+    loss_agg_mode: str
+    micro_batches: int
+    temperature: float
+    value_clip: float  # critic only
     max_consecutive_nonfinite: int = 1000
 
     def __post_init__(self):
@@ -80,9 +81,9 @@ class UpdateConfig:
         if self.micro_batches < 1:
             raise ValueError(f"update.micro_batches must be >= 1, got {self.micro_batches}")
         if not self.temperature > 0:
-            raise ValueError(f"rollout.temperature must be > 0 for training (the update divides "
+            raise ValueError(f"rollout.sampling.temperature must be > 0 for training (the update divides "
                              f"the logits by it), got {self.temperature}; validation may be "
-                             "greedy with rollout.val_temperature=0")
+                             "greedy with rollout.val.temperature=0")
 
 
 

@@ -127,7 +127,7 @@ class StepBatch:
 
 @dataclasses.dataclass(frozen=True)
 class StepSettings:
-    """What ``make_update`` needs, resolved from the run config (``schema.resolve``)."""
+    """What ``make_update`` needs, resolved from the run config (``config.resolve.resolve``)."""
 
     actor: UpdateConfig
     critic: UpdateConfig | None  # None: no critic role

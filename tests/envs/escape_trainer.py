@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import sys
 
+from ragen_jax.config.loading import from_config_dict
 from ragen_jax.policy import load_tokenizer
 from ragen_jax.rollout import ScriptedPolicy
 from ragen_jax.rollout.scripted import answer_text
-from ragen_jax.schema import from_config_dict
 from tests.test_train import micro_config
 
 ESCAPE = """import fcntl, os

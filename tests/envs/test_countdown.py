@@ -148,7 +148,8 @@ def test_puzzles_from_a_parquet_file(tmp_path):
     ({"target": [6], "nums": [[1.0, 2.5]]}, "row 1: 'nums' must be a list of integers"),
 ])
 def test_a_malformed_parquet_file_is_a_one_line_error(tmp_path, columns, message):
-    from ragen_jax.schema import ConfigError, from_config_dict
+    from ragen_jax.config.fields import ConfigError
+    from ragen_jax.config.loading import from_config_dict
     from ragen_jax.train import build_envs
 
     path = tmp_path / "bad.parquet"
@@ -157,7 +158,7 @@ def test_a_malformed_parquet_file_is_a_one_line_error(tmp_path, columns, message
         load_puzzles(path)
     assert str(e.value).startswith(f"{path} {message}") and "\n" not in str(e.value)
     # As a run reports it (launch.py prints a ConfigError as its one line).
-    from ragen_jax.config import load_config
+    from ragen_jax.config.loading import load_config
 
     config = Path(__file__).resolve().parents[2] / "configs/countdown.py"
     run = from_config_dict(load_config(["--config", str(config),

@@ -11,7 +11,8 @@ from ragen_jax.envs import GymnasiumEnv, make, register
 from ragen_jax.envs.registry import REGISTRY
 from ragen_jax.models import tokenizer as tk
 from ragen_jax.rollout import ScriptedPolicy
-from ragen_jax.rollout.agent import AgentRollout, RolloutConfig
+from ragen_jax.rollout.agent import AgentRollout
+from ragen_jax.rollout.config import PromptConfig, RolloutConfig
 from ragen_jax.rollout.scripted import RandomActionPolicy, answer_text
 
 
@@ -111,8 +112,7 @@ def test_a_registered_gymnasium_env_plays_through_the_rollout():
     try:
         env, params = make("corridor-test", instruction="Reach G.")
         tok = tk.load(None)
-        cfg = RolloutConfig(env_groups=2, group_size=2, max_turn=3, max_actions_per_traj=6,
-                            max_actions_per_turn=2, response_length=32, enable_think=False)
+        cfg = RolloutConfig(env_groups=2, group_size=2, max_turn=3, max_actions_per_traj=6, max_actions_per_turn=2, response_length=32, prompt=PromptConfig(enable_think=False))
         rollout = AgentRollout(env, params, tok, cfg)
         assert rollout.tag == "Corridor"
         policy = ScriptedPolicy.from_texts(

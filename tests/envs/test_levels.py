@@ -80,7 +80,7 @@ def test_a_generator_too_small_to_hold_out_is_a_clear_error():
     env, params = make("bandit", split="train")
     driver = JaxEnvDriver(env, params, 1)
     driver.hold_out(driver.reset(np.arange(256)).levels)  # every pair and order
-    with pytest.raises(levels.HeldOutError, match="rollout.held_out_val=False"):
+    with pytest.raises(levels.HeldOutError, match="rollout.val.held_out=False"):
         driver.reset(1000 + np.arange(8))
 
 

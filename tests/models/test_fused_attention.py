@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from ragen_jax.config.fields import ConfigError
+from ragen_jax.config.schema import ModelConfig
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
 from ragen_jax.models.attention import (
     attend,
@@ -23,7 +25,6 @@ from ragen_jax.models.attention import (
     mask_causal,
 )
 from ragen_jax.models.kv_cache import positions_from_mask
-from ragen_jax.schema import ConfigError, ModelConfig
 
 CFG = QwenConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2)
@@ -131,7 +132,7 @@ def test_every_cudnn_call_of_a_real_model_presets_run_meets_flash_attentions_con
     every call that would reach cuDNN's kernel, recorded (and run by XLA here), meets its
     conditions. Before the fused path padded its lengths, the warm start's shared prefix
     reached it at an odd length."""
-    from ragen_jax.config import load_config
+    from ragen_jax.config.loading import load_config
     from ragen_jax.train import run
 
     calls = []
@@ -154,7 +155,7 @@ def test_every_cudnn_call_of_a_real_model_presets_run_meets_flash_attentions_con
         "--config.model.num_hidden_layers=1", "--config.model.dtype=bfloat16",
         "--config.model.attention_impl=cudnn", "--config.preset=tiny",
         "--config.rollout.env_groups=2", "--config.rollout.group_size=2",
-        "--config.rollout.val_groups=2", "--config.rollout.response_length=16",
+        "--config.rollout.val.env_groups=2", "--config.rollout.response_length=16",
         "--config.actor.ppo_mini_batch_size=4", "--config.actor.micro_batches=1",
         "--config.warmstart.steps=1", "--config.warmstart.episodes=4",
         "--config.warmstart.batch_size=4", "--config.warmstart.cache=False",

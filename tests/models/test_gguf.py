@@ -385,8 +385,9 @@ def test_model_path_gguf_is_converted_once(tmp_path, capsys):
     transformers' logits (qwen2, which ragen_jax supports today)."""
     import jax.numpy as jnp
 
+    from ragen_jax.config.fields import ConfigError
+    from ragen_jax.config.schema import ModelConfig
     from ragen_jax.models import from_pretrained
-    from ragen_jax.schema import ConfigError, ModelConfig
 
     model = _hf_model("qwen2", tie_word_embeddings=True)
     file = write_gguf(tmp_path / "tiny.gguf", "qwen2", model)

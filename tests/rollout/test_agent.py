@@ -11,7 +11,8 @@ from flax import nnx
 from ragen_jax.envs import make
 from ragen_jax.models import positions_from_mask
 from ragen_jax.rollout import Sampler, SamplingParams, ScriptedPolicy
-from ragen_jax.rollout.agent import AgentRollout, RolloutConfig, collect, train_seeds, val_seeds
+from ragen_jax.rollout.agent import AgentRollout, collect, train_seeds, val_seeds
+from ragen_jax.rollout.config import PromptConfig, RolloutConfig, SamplingConfig, ValidationConfig
 from ragen_jax.rollout.context import ContextConfig, format_reward
 from ragen_jax.rollout.env_driver import env_functions
 from ragen_jax.starpo.token_scores import token_logprobs
@@ -133,7 +134,7 @@ def test_masks_cover_exactly_the_sampled_tokens(sokoban, tok):
         np.testing.assert_array_equal(batch.logprobs[b, real][loss], -1.0)
         assert not batch.logprobs[b][~batch.loss_mask[b]].any()
         assert set(np.unique(batch.turn_ids[b, real])) == {1, 2, 3}
-    assert batch.input_ids.shape[1] % CFG.pad_multiple == 0
+    assert batch.input_ids.shape[1] % CFG.sampler.prompt_pad_multiple == 0
     np.testing.assert_array_equal(batch.position_ids[0, :5], np.arange(5))
     np.testing.assert_array_equal(batch.group_ids, [0, 0, 1, 1])
     np.testing.assert_array_equal(batch.env_ids, [0, 1, 2, 3])
@@ -253,26 +254,29 @@ def test_policies_receive_the_turns_env_states(sokoban, tok, ref):
 
 def test_rollout_config_is_the_run_config_section():
     cfg = RolloutConfig()
-    assert cfg.val_groups == 256 and cfg.val_temperature == 0.5 and cfg.turn_template == ""
-    assert cfg.context == ContextConfig()  # "" turn_template: RAGEN's wording
-    custom = RolloutConfig(enable_think=False, max_actions_per_turn=1, format_penalty=-1.0,
-                           turn_template="T{turn} {state}\n")
-    assert custom.context == ContextConfig(enable_think=False, max_actions_per_turn=1,
-                                           format_penalty=-1.0, turn_template="T{turn} {state}\n")
-    assert cfg.sampling() == SamplingParams(max_new_tokens=400, temperature=1.0)
-    assert cfg.sampling(temperature=0.0).temperature == 0.0
-    assert cfg.val_sampling() == SamplingParams(max_new_tokens=400, temperature=0.5)
+    assert cfg.val.env_groups == 256 and cfg.val.temperature == 0.5 and cfg.prompt.turn_template == ""
+    ragen = ContextConfig.__dataclass_fields__["turn_template"].default
+    assert cfg.context.turn_template == ragen  # "" turn_template: RAGEN's wording
+    assert (cfg.context.max_tokens_hint, cfg.context.enable_think) == (400, True)
+    custom = RolloutConfig(max_actions_per_turn=1, prompt=PromptConfig(
+        enable_think=False, format_penalty=-1.0, turn_template="T{turn} {state}\n"))
+    assert custom.context == dataclasses.replace(
+        cfg.context, enable_think=False, max_actions_per_turn=1, format_penalty=-1.0,
+        turn_template="T{turn} {state}\n")
+    assert cfg.sampling_params() == SamplingParams(max_new_tokens=400, temperature=1.0)
+    assert cfg.sampling_params(temperature=0.0).temperature == 0.0
+    assert cfg.val_sampling_params() == SamplingParams(max_new_tokens=400, temperature=0.5)
     with pytest.raises(TypeError):
         RolloutConfig(8)  # keyword-only
-    for bad, message in [({"group_size": 0}, "rollout.group_size must be >= 1, got 0"),
-                         ({"max_actions_per_turn": 0}, "rollout.max_actions_per_turn must be"),
-                         ({"val_groups": 0}, "rollout.val_groups must be"),
-                         ({"val_group_size": 0}, "rollout.val_group_size must be"),
-                         ({"temperature": -1.0}, "rollout.temperature must be >= 0"),
-                         ({"top_p": 0.0}, "rollout.top_p must be in"),
-                         ({"top_p": 1.5}, "rollout.top_p must be in")]:
+    for bad, message in [(lambda: RolloutConfig(group_size=0), "rollout.group_size must be >= 1, got 0"),
+                         (lambda: RolloutConfig(max_actions_per_turn=0), "rollout.max_actions_per_turn must be"),
+                         (lambda: ValidationConfig(env_groups=0), "rollout.val.env_groups must be"),
+                         (lambda: ValidationConfig(group_size=0), "rollout.val.group_size must be"),
+                         (lambda: SamplingConfig(temperature=-1.0), "rollout.sampling.temperature must be >= 0"),
+                         (lambda: SamplingConfig(top_p=0.0), "rollout.sampling.top_p must be in"),
+                         (lambda: SamplingConfig(top_p=1.5), "rollout.sampling.top_p must be in")]:
         with pytest.raises(ValueError) as err:
-            RolloutConfig(**bad)
+            bad()
         assert str(err.value).startswith(message)
 
 
@@ -301,7 +305,7 @@ def test_logprobs_match_a_full_forward(sokoban, tok, tiny_model):
     np.testing.assert_allclose(batch.model_logprobs[:, 1:][loss], full[loss], atol=1e-4)
     assert not batch.loss_mask[:, 0].any()
     # Greedy with the cache and greedy re-encoding the history sample the same tokens.
-    greedy = ro.config.sampling(temperature=0.0)
+    greedy = ro.config.sampling_params(temperature=0.0)
     kept = ro.collect(sampler, SEEDS, jax.random.key(9), sampling=greedy)
     redo = ro.collect(sampler, SEEDS, jax.random.key(9), sampling=greedy, reuse_cache=False)
     np.testing.assert_array_equal(kept.input_ids, redo.input_ids)

@@ -1,5 +1,7 @@
 """Context manager: prompt wording, chat-template pieces, and the never-raising parser."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -7,16 +9,15 @@ from hypothesis import strategies as st
 
 from ragen_jax.envs import make
 from ragen_jax.models import tokenizer as tk
-from ragen_jax.rollout.agent import RolloutConfig
+from ragen_jax.rollout.config import PromptConfig, RolloutConfig
 from ragen_jax.rollout.context import (
     ChatFormat,
-    ContextConfig,
     parse_response,
     system_message,
     user_message,
 )
 
-CFG = ContextConfig()
+CFG = RolloutConfig().context
 NAMES = ("Up", "Down", "Left", "Right")
 
 
@@ -30,7 +31,7 @@ def chat(tok):
 
 def test_system_message_states_true_per_turn_limit():
     env, _ = make("sokoban")
-    text = system_message(env, env.action_names, ContextConfig(max_actions_per_turn=3))
+    text = system_message(env, env.action_names, dataclasses.replace(RolloutConfig().context, max_actions_per_turn=3))
     assert text.startswith("You're a helpful assistant. You are solving the Sokoban puzzle.")
     assert "\nThe meaning of each symbol in the state is:\n#: wall, _: empty" in text
     assert "Your available actions are:\nUp, Down, Left, Right\n" in text
@@ -43,20 +44,20 @@ def test_system_message_states_true_per_turn_limit():
     text = system_message(fl_coord, fl_coord.action_names, CFG)
     assert "like <answer>Left || Up</answer>\nBoard size: 4 rows x 4 cols;" in text
     assert "O: hole" not in text and "Board size" not in system_message(fl, fl.action_names, CFG)
-    custom = system_message(env, env.action_names, ContextConfig(env_instruction="Push."))
+    custom = system_message(env, env.action_names, dataclasses.replace(RolloutConfig().context, env_instruction='Push.'))
     assert custom.startswith("You're a helpful assistant. Push.\n")
 
 
 def test_system_template_replaces_the_system_message():
     env, _ = make("sokoban")
-    cfg = ContextConfig(max_actions_per_turn=3, system_template="{instruction}@{legend}@{actions}@{max_actions_per_turn}")
+    cfg = dataclasses.replace(RolloutConfig().context, max_actions_per_turn=3, system_template='{instruction}@{legend}@{actions}@{max_actions_per_turn}')
     parts = system_message(env, env.action_names, cfg).split("@")
     assert parts[0].startswith("You are solving the Sokoban puzzle.") and parts[1].startswith("#: wall, _: empty")
     assert parts[2:] == ["Up, Down, Left, Right", "3"]
     coord, _ = make("sokoban", observation_format="coord")  # no grid: no legend
-    assert system_message(coord, coord.action_names, ContextConfig(system_template="[{legend}]")) == "[]"
-    with pytest.raises(ValueError, match="rollout.system_template"):
-        RolloutConfig(system_template="{board}")
+    assert system_message(coord, coord.action_names, dataclasses.replace(RolloutConfig().context, system_template='[{legend}]')) == "[]"
+    with pytest.raises(ValueError, match="rollout.prompt.system_template"):
+        RolloutConfig(prompt=PromptConfig(system_template='{board}'))
 
 
 def test_user_message_layout():
@@ -72,7 +73,7 @@ def test_user_message_layout():
                             "again.\nYou have 7 actions left.")
     assert "Reward:\n10\n" in user_message(CFG, turn=2, state="", actions_left=1,
                                            prev_reward=10.0)
-    nothink = user_message(ContextConfig(enable_think=False), turn=1, state="", actions_left=1)
+    nothink = user_message(dataclasses.replace(RolloutConfig().context, enable_think=False), turn=1, state="", actions_left=1)
     assert "Always output: <answer> [your answer] </answer> with" in nothink
 
 
@@ -119,7 +120,7 @@ def test_parse_valid_and_budget():
     assert p.action_ids == [1] and not p.format_error
     # Text after the answer is tolerated, as RAGEN's search does.
     assert not parse_response("<think>a</think><answer>Up</answer> ok", NAMES, CFG).format_error
-    nothink = ContextConfig(enable_think=False)
+    nothink = dataclasses.replace(RolloutConfig().context, enable_think=False)
     p = parse_response("<answer>Right</answer>", NAMES, nothink)
     assert p.action_ids == [3] and not p.format_error
 
@@ -202,8 +203,8 @@ def test_template_fallback_and_rejection():
     assert chat.first_chunk("S", "U") == (
         "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n"
         "<|im_start|>assistant\n<think>")
-    assert ContextConfig(prefill_tag=False).answer_prefix == ""
-    assert ContextConfig(enable_think=False).answer_prefix == "<answer>"
+    assert dataclasses.replace(RolloutConfig().context, prefill_tag=False).answer_prefix == ""
+    assert dataclasses.replace(RolloutConfig().context, enable_think=False).answer_prefix == "<answer>"
     rewriting = tk.load(None)
     rewriting.chat_template = rewriting.chat_template.replace(
         "message['content']", "(message['content'] | upper)")

@@ -24,14 +24,14 @@ import pytest
 from ragen_jax.envs.host.family import HostEnvFamily
 from ragen_jax.envs.host.processes import Histories, Job, ProcessPool
 from ragen_jax.rollout import ScriptedPolicy
-from ragen_jax.rollout.agent import AgentRollout, RolloutConfig
+from ragen_jax.rollout.agent import AgentRollout
+from ragen_jax.rollout.config import PromptConfig, RolloutConfig
 from ragen_jax.rollout.scripted import answer_text
 from tests.rollout.faulty_envs import Faulty, SlowBuild
 
 pytestmark = pytest.mark.timeout(60)
 
-CFG = RolloutConfig(env_groups=2, group_size=2, max_turn=2, max_actions_per_traj=4,
-                    max_actions_per_turn=2, response_length=32, enable_think=False)
+CFG = RolloutConfig(env_groups=2, group_size=2, max_turn=2, max_actions_per_traj=4, max_actions_per_turn=2, response_length=32, prompt=PromptConfig(enable_think=False))
 
 
 def _policy(tok, answers):

@@ -15,11 +15,11 @@ from ragen_jax.envs import make
 from ragen_jax.envs.host.env import HostEnv
 from ragen_jax.envs.host.family import HostEnvFamily
 from ragen_jax.rollout import ScriptedPolicy
-from ragen_jax.rollout.agent import AgentRollout, RolloutConfig
+from ragen_jax.rollout.agent import AgentRollout
+from ragen_jax.rollout.config import PromptConfig, RolloutConfig
 from ragen_jax.rollout.scripted import RandomActionPolicy, answer_text
 
-CFG = RolloutConfig(env_groups=2, group_size=2, max_turn=2, max_actions_per_traj=4,
-                    max_actions_per_turn=2, response_length=32, enable_think=False)
+CFG = RolloutConfig(env_groups=2, group_size=2, max_turn=2, max_actions_per_traj=4, max_actions_per_turn=2, response_length=32, prompt=PromptConfig(enable_think=False))
 
 
 class Moody(HostEnv):

@@ -11,12 +11,12 @@ import pytest
 
 from ragen_jax.envs import make
 from ragen_jax.rollout import ScriptedPolicy
-from ragen_jax.rollout.agent import AgentRollout, RolloutConfig, train_seeds
+from ragen_jax.rollout.agent import AgentRollout, train_seeds
+from ragen_jax.rollout.config import PromptConfig, RolloutConfig, ValidationConfig
 from ragen_jax.rollout.mix import EnvSlot, collect_train, collect_val, tag_metrics
 from ragen_jax.starpo.normalization import normalize_batch
 
-CFG = RolloutConfig(env_groups=3, group_size=2, max_turn=2, response_length=16,
-                    enable_think=False, val_groups=3, val_seed=50)
+CFG = RolloutConfig(env_groups=3, group_size=2, max_turn=2, response_length=16, prompt=PromptConfig(enable_think=False), val=ValidationConfig(env_groups=3, seed=50))
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN_FIELDS = ("input_ids", "attention_mask", "position_ids", "loss_mask", "logprobs",
                 "token_rewards", "turn_ids")
@@ -124,8 +124,8 @@ def test_inductive_normalisation_groups_rows_by_their_env(slots, tok):
 
 
 def test_two_envs_with_one_tag_are_an_error():
-    from ragen_jax.config import load_config
-    from ragen_jax.schema import ConfigError, from_config_dict
+    from ragen_jax.config.fields import ConfigError
+    from ragen_jax.config.loading import from_config_dict, load_config
     from ragen_jax.train import build_envs
 
     c = load_config(["--config", str(ROOT / "configs/mixed.py"), "--config.env.mix.0.tag=",

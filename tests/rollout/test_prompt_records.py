@@ -8,7 +8,8 @@ import pytest
 
 from ragen_jax.envs import make
 from ragen_jax.rollout import ScriptedPolicy
-from ragen_jax.rollout.agent import AgentRollout, RolloutConfig
+from ragen_jax.rollout.agent import AgentRollout
+from ragen_jax.rollout.config import PromptConfig, RolloutConfig
 from ragen_jax.viewer import render_html
 
 ANSWER = "x</think><answer>Up</answer>"
@@ -24,17 +25,16 @@ def _play(tok, cfg):
 def test_length_hint_follows_response_length_unless_set():
     assert RolloutConfig(response_length=37).context.max_tokens_hint == 37
     assert RolloutConfig().context.max_tokens_hint == 400  # RAGEN's response_length
-    assert RolloutConfig(response_length=37, max_tokens_hint=50).context.max_tokens_hint == 50
-    with pytest.raises(ValueError, match="rollout.max_tokens_hint must be >= 0"):
-        RolloutConfig(max_tokens_hint=-1)
+    assert RolloutConfig(response_length=37, prompt=PromptConfig(max_tokens_hint=50)).context.max_tokens_hint == 50
+    with pytest.raises(ValueError, match="rollout.prompt.max_tokens_hint must be >= 0"):
+        RolloutConfig(prompt=PromptConfig(max_tokens_hint=-1))
 
 
 def test_prompt_states_the_response_length(tok):
     cfg = RolloutConfig(env_groups=1, group_size=1, max_turn=1, response_length=37)
     _, policy = _play(tok, cfg)
     assert "Max response length: 37 words (tokens)." in tok.decode(policy.calls[0][0])
-    custom = RolloutConfig(env_groups=1, group_size=1, max_turn=1, response_length=37,
-                           max_tokens_hint=120, turn_template="T{turn} {state} at most {max_tokens}\n")
+    custom = RolloutConfig(env_groups=1, group_size=1, max_turn=1, response_length=37, prompt=PromptConfig(max_tokens_hint=120, turn_template='T{turn} {state} at most {max_tokens}\n'))
     _, policy = _play(tok, custom)
     text = tok.decode(policy.calls[0][0])
     assert "at most 120\n" in text and "37" not in text

@@ -21,13 +21,13 @@ import pytest
 from ragen_jax.envs import make
 from ragen_jax.envs.host.remote import RemoteEnv, RemoteEnvError
 from ragen_jax.rollout import ScriptedPolicy
-from ragen_jax.rollout.agent import AgentRollout, RolloutConfig
+from ragen_jax.rollout.agent import AgentRollout
+from ragen_jax.rollout.config import PromptConfig, RolloutConfig
 from ragen_jax.rollout.scripted import answer_text
 
 pytestmark = pytest.mark.timeout(90)
 
-ONE = RolloutConfig(env_groups=2, group_size=2, max_turn=1, max_actions_per_traj=1,
-                    max_actions_per_turn=1, response_length=32, enable_think=False)
+ONE = RolloutConfig(env_groups=2, group_size=2, max_turn=1, max_actions_per_traj=1, max_actions_per_turn=1, response_length=32, prompt=PromptConfig(enable_think=False))
 SERVER = ("import sys; from ragen_jax.envs import register; from ragen_jax.envs.host.serve import main; "
           "from tests.rollout.faulty_envs import Slow; register('slow', Slow); main(sys.argv[1:])")
 
@@ -91,8 +91,7 @@ def test_a_served_countdown_plays_as_the_in_process_one(tok, port):
 
 
 def test_a_server_killed_mid_episode_costs_that_episode(tok, port):
-    cfg = RolloutConfig(env_groups=1, group_size=2, max_turn=2, max_actions_per_traj=4,
-                        max_actions_per_turn=1, response_length=32, enable_think=False)
+    cfg = RolloutConfig(env_groups=1, group_size=2, max_turn=2, max_actions_per_traj=4, max_actions_per_turn=1, response_length=32, prompt=PromptConfig(enable_think=False))
     server = _serve("slow", port)
     env = make("remote", url=f"http://127.0.0.1:{port}", timeout=2.0, retries=1)[0]
     rollout = AgentRollout(env, None, tok, cfg)

@@ -1,5 +1,6 @@
 """Scripted policies: the random-action answers of the format warm-start."""
 
+import dataclasses
 import itertools
 
 import jax
@@ -8,14 +9,15 @@ import pytest
 
 from ragen_jax.envs import make
 from ragen_jax.models import tokenizer as tk
-from ragen_jax.rollout import AgentRollout, RandomActionPolicy, RolloutConfig, SamplingParams
-from ragen_jax.rollout.context import ContextConfig, parse_response
+from ragen_jax.rollout import AgentRollout, RandomActionPolicy, SamplingParams
+from ragen_jax.rollout.config import PromptConfig, RolloutConfig
+from ragen_jax.rollout.context import parse_response
 from ragen_jax.rollout.scripted import answer_text, random_actions
 
 
 @pytest.mark.parametrize("think,prefill", list(itertools.product([False, True], repeat=2)))
 def test_answer_text_parses_under_every_context(think, prefill):
-    ctx = ContextConfig(enable_think=think, prefill_tag=prefill)
+    ctx = dataclasses.replace(RolloutConfig().context, enable_think=think, prefill_tag=prefill)
     text = answer_text(["Up", "Left"], ctx)
     p = parse_response(ctx.answer_prefix + text, ["Up", "Down", "Left", "Right"], ctx)
     assert not p.format_error and p.action_ids == [0, 2]
@@ -48,7 +50,7 @@ def test_solver_mixture_policy_share_one_solves_and_share_zero_is_random_legal()
 
     tok = tk.load(None)
     env, params = make("frozenlake", observation_format="coord", success_rate=1.0)
-    cfg = RolloutConfig(max_turn=5, response_length=24, enable_think=False)
+    cfg = RolloutConfig(max_turn=5, response_length=24, prompt=PromptConfig(enable_think=False))
     rollout = AgentRollout(env, params, tok, cfg)
     seeds = np.arange(12)
     solved = rollout.collect(SolverMixturePolicy(env, params, tok, cfg.context, 0, solver_share=1.0),

@@ -7,8 +7,9 @@ import pytest
 
 from ragen_jax.envs import make
 from ragen_jax.rollout import ScriptedPolicy
-from ragen_jax.rollout.agent import AgentRollout, RolloutConfig
-from ragen_jax.rollout.context import ChatFormat, ContextConfig
+from ragen_jax.rollout.agent import AgentRollout
+from ragen_jax.rollout.config import RolloutConfig
+from ragen_jax.rollout.context import ChatFormat
 
 CFG = RolloutConfig(env_groups=1, group_size=2, response_length=32, max_turn=2)
 ANSWER = "x</think><answer>Up</answer>"
@@ -22,11 +23,11 @@ def ids(tok):
 
 def test_eos_ids_join_stop_and_special_ids(tok, ids):
     eot, eos = ids["<|im_end|>"], ids["<|endoftext|>"]
-    assert ChatFormat(tok, ContextConfig()).stop_ids.tolist() == [eot]
-    chat = ChatFormat(tok, ContextConfig(), eos_ids=[eos, eot, eos])
+    assert ChatFormat(tok, RolloutConfig().context).stop_ids.tolist() == [eot]
+    chat = ChatFormat(tok, RolloutConfig().context, eos_ids=[eos, eot, eos])
     assert chat.stop_ids.tolist() == [eot, eos]  # end-of-turn first, no repeats
     assert chat.eot_id == eot
-    odd = ChatFormat(tok, ContextConfig(), eos_ids=(np.int64(ids["||"]),))  # not special
+    odd = ChatFormat(tok, RolloutConfig().context, eos_ids=(np.int64(ids["||"]),))  # not special
     assert odd.stop_ids.tolist() == [eot, ids["||"]] and ids["||"] in odd.special_ids
     assert ids["||"] not in chat.special_ids
 
@@ -34,7 +35,7 @@ def test_eos_ids_join_stop_and_special_ids(tok, ids):
 def test_generated_text_treats_every_stop_id_alike(tok, ids):
     eot, eos = ids["<|im_end|>"], ids["<|endoftext|>"]
     body = tok("<answer>Up</answer>", add_special_tokens=False)["input_ids"]
-    chat = ChatFormat(tok, ContextConfig(), eos_ids=[eos])
+    chat = ChatFormat(tok, RolloutConfig().context, eos_ids=[eos])
     by_eot, by_eos = chat.generated_text(body + [eot]), chat.generated_text(body + [eos])
     assert by_eos == by_eot == ("<answer>Up</answer>", True, False)
     assert by_eos.stopped and not by_eos.special_inside
@@ -42,7 +43,7 @@ def test_generated_text_treats_every_stop_id_alike(tok, ids):
     assert chat.emitted_eot(body + [eot]) and not chat.emitted_eot(body + [eos])
     assert not chat.emitted_eot([])
     # Without eos_ids the same ids are an unfinished turn with a special token inside.
-    plain = ChatFormat(tok, ContextConfig()).generated_text(body + [eos])
+    plain = ChatFormat(tok, RolloutConfig().context).generated_text(body + [eos])
     assert not plain.stopped and plain.special_inside
     # A stop id before the end is still a special token inside.
     assert chat.generated_text(body[:1] + [eos] + body[1:] + [eot]).special_inside

@@ -1,7 +1,6 @@
 """Stop strings: the per-token automaton against ``text.find`` on decoded prefixes, the sampler
 stopping exactly there, and what the trajectory records (loss mask, inserted end-of-turn)."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +13,8 @@ from hypothesis import strategies as st
 from ragen_jax.envs import make
 from ragen_jax.models import positions_from_mask
 from ragen_jax.rollout import Sampler, SamplingParams, ScriptedPolicy
-from ragen_jax.rollout.agent import AgentRollout, RolloutConfig
+from ragen_jax.rollout.agent import AgentRollout
+from ragen_jax.rollout.config import RolloutConfig, SamplingConfig
 from ragen_jax.rollout.stop_strings import byte_automaton, stop_automaton
 from ragen_jax.starpo.token_scores import token_logprobs
 
@@ -168,8 +168,7 @@ def test_sampler_stops_right_after_the_string(tok, tiny_model):
 
 # ---------------------------------------------------------------------------------- the rollout
 
-CFG = RolloutConfig(env_groups=1, group_size=2, response_length=32, max_turn=2,
-                    stop_strings=(ANSWER,))
+CFG = RolloutConfig(env_groups=1, group_size=2, response_length=32, max_turn=2, sampling=SamplingConfig(stop_strings=(ANSWER,)))
 
 
 def test_trajectory_inserts_the_end_of_turn_after_a_stop_string(qwen_tok):
@@ -196,7 +195,7 @@ def test_trajectory_inserts_the_end_of_turn_after_a_stop_string(qwen_tok):
     assert qwen_tok.decode(policy.calls[1][0]).startswith("<|im_end|>\n<|im_start|>user\n")
     assert qwen_tok.eos_token_id not in seq[loss]  # never sampled: the string ended the turns
     # Without stop strings the same answer runs on to its end-of-turn token.
-    plain = AgentRollout(env, params, qwen_tok, dataclasses.replace(CFG, stop_strings=()))
+    plain = AgentRollout(env, params, qwen_tok, CFG.replace({"sampling": {"stop_strings": ()}}))
     turn = plain.collect(policy, [3], jax.random.key(0)).trajectories[0]["turns"][0]
     assert turn["num_tokens"] == len(answer) and turn["stopped"]
 
@@ -213,14 +212,14 @@ def test_logprobs_stay_aligned_after_a_stop_string(tok, sokoban, tiny_model):
     mid-turn: the turn ends there, the end-of-turn token is inserted (loss 0) and the stored
     log-probs equal one fresh forward pass over the batch (the trainer's recomputation)."""
     env, params = sokoban
-    cfg = dataclasses.replace(CFG, env_groups=2, max_turn=2, response_length=12, stop_strings=())
+    cfg = CFG.replace({"env_groups": 2, "max_turn": 2, "response_length": 12, "sampling": {"stop_strings": ()}})
     sampler = Sampler(tiny_model, pad_id=tok.pad_token_id)
-    greedy = cfg.sampling(temperature=0.0)
+    greedy = cfg.sampling_params(temperature=0.0)
     free = AgentRollout(env, params, tok, cfg).collect(sampler, [3, 4], jax.random.key(9),
                                                        sampling=greedy)
     first = free.episodes[0].answer_ids(1).tolist()
     string, at = _spanning_string(tok, first, 2)
-    ro = AgentRollout(env, params, tok, dataclasses.replace(cfg, stop_strings=(string,)))
+    ro = AgentRollout(env, params, tok, cfg.replace({"sampling": {"stop_strings": (string,)}}))
     batch = ro.collect(sampler, [3, 4], jax.random.key(9), sampling=greedy)
     ep = batch.episodes[0]
     assert ep.answer_ids(1).tolist() == first[:at + 1] and ep.turns[0]["stopped"]

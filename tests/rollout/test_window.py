@@ -1,7 +1,6 @@
 """Context windows: each mode's prompts token-exact against the chat template, cache reuse,
 over-long prompts, and turn rows whose stored log-probs match a fresh forward pass."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +10,8 @@ from flax import nnx
 
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig, positions_from_mask
 from ragen_jax.rollout import Sampler, ScriptedPolicy
-from ragen_jax.rollout.agent import AgentRollout, RolloutConfig
+from ragen_jax.rollout.agent import AgentRollout
+from ragen_jax.rollout.config import RolloutConfig, WindowConfig
 from ragen_jax.rollout.context import format_reward
 from ragen_jax.starpo.token_scores import token_logprobs
 
@@ -24,8 +24,9 @@ ANSWERS = ["I go up</think><answer>Up</answer>", "hmm</think><answer>Jump</answe
 
 
 def _play(sokoban, tok, **kw):
+    """``kw``: rollout fields, a section's as a dict (``window={"mode": ...}``)."""
     env, params = sokoban
-    ro = AgentRollout(env, params, tok, dataclasses.replace(CFG, **kw))
+    ro = AgentRollout(env, params, tok, CFG.replace(kw))
     policy = ScriptedPolicy.from_texts(tok, lambda row, call: ANSWERS[call % len(ANSWERS)])
     return ro.collect(policy, SEEDS, jax.random.key(0)), policy
 
@@ -81,7 +82,7 @@ def _summary_reference(tok, traj, turn, start):
 @pytest.mark.parametrize("mode,k", [("full", 0), ("limited", 1), ("limited", 2),
                                     ("limited", 0), ("single_turn", 0), ("single_turn", 2)])
 def test_prompts_match_the_chat_template(sokoban, tok, mode, k):
-    batch, policy = _play(sokoban, tok, context_window=mode, window_turns=k)
+    batch, policy = _play(sokoban, tok, window={"mode": mode, "turns": k})
     assert (batch.num_turns == 4).all()
     reference = _summary_reference if mode == "single_turn" else _multi_turn_reference
     for b, ep in enumerate(batch.episodes):
@@ -106,7 +107,7 @@ def test_prompts_match_the_chat_template(sokoban, tok, mode, k):
 
 
 def test_summary_wording_by_hand(sokoban, tok):
-    batch, policy = _play(sokoban, tok, context_window="single_turn", window_turns=3)
+    batch, policy = _play(sokoban, tok, window={"mode": "single_turn", "turns": 3})
     text = tok.decode(policy.calls[3][0])
     state2 = batch.trajectories[0]["turns"][1]["state"]
     assert ("<|im_start|>user\nSummary: 3 step(s) completed so far. Showing the last 2 turn(s) "
@@ -125,14 +126,13 @@ def _lengths(batch):
 
 @pytest.mark.parametrize("mode", ["full", "limited", "single_turn"])
 def test_overlong_prompts_truncate_or_end(sokoban, tok, mode):
-    kw = dict(context_window=mode)
-    whole, _ = _play(sokoban, tok, **kw)
+    whole, _ = _play(sokoban, tok, window={"mode": mode})
     longest = max(max(_lengths(whole)), 1)
     first = _lengths(whole)[0]
     # Room for every prompt but the longest two (turns 3 and 4 need a cut).
     budget = sorted(max(len(ep.turn_prompts[t]) for ep in whole.episodes) for t in range(4))[1]
     assert first <= budget < longest
-    cut, _ = _play(sokoban, tok, max_model_len=budget + 32, overlong="truncate", **kw)
+    cut, _ = _play(sokoban, tok, max_model_len=budget + 32, window={"mode": mode, "overlong": "truncate"})
     assert (cut.num_turns == 4).all() and cut.metrics["rollout/length_truncated"] == 0
     reference = _summary_reference if mode == "single_turn" else _multi_turn_reference
     for b, ep in enumerate(cut.episodes):
@@ -145,17 +145,17 @@ def test_overlong_prompts_truncate_or_end(sokoban, tok, mode):
             assert prompt == reference(tok, traj, turn, start)
             if start > 1:  # the oldest turn kept is the one that no longer fits without the cut
                 assert len(reference(tok, traj, turn, start - 1)) > budget
-    ended, _ = _play(sokoban, tok, max_model_len=budget + 32, **kw)
+    ended, _ = _play(sokoban, tok, max_model_len=budget + 32, window={"mode": mode})
     assert ended.metrics["rollout/length_truncated"] > 0 and (ended.num_turns < 4).any()
 
 
 def test_window_config_checks():
-    for bad, message in [({"context_window": "sliding"}, "rollout.context_window must be one of"),
-                         ({"overlong": "drop"}, "rollout.overlong must be one of"),
-                         ({"window_turns": -1}, "rollout.window_turns must be >= 0"),
-                         ({"window_turns": 2}, "rollout.window_turns must be 0 with")]:
+    for bad, message in [({"mode": "sliding"}, "rollout.window.mode must be one of"),
+                         ({"overlong": "drop"}, "rollout.window.overlong must be one of"),
+                         ({"turns": -1}, "rollout.window.turns must be >= 0"),
+                         ({"turns": 2}, "rollout.window.turns must be 0 with")]:
         with pytest.raises(ValueError) as err:
-            RolloutConfig(**bad)
+            WindowConfig(**bad)
         assert str(err.value).startswith(message)
 
 
@@ -178,8 +178,8 @@ def test_turn_rows_logprobs_match_a_full_forward(sokoban, tok, mode, k):
     sampler's log-probs: continued and fresh caches both prefilled exactly that prompt."""
     model = Qwen2ForCausalLM(TINY, rngs=nnx.Rngs(0))
     env, params = sokoban
-    ro = AgentRollout(env, params, tok, dataclasses.replace(
-        CFG, max_turn=3, response_length=12, context_window=mode, window_turns=k))
+    ro = AgentRollout(env, params, tok, CFG.replace(
+        {"max_turn": 3, "response_length": 12, "window": {"mode": mode, "turns": k}}))
     batch = ro.collect(Sampler(model, pad_id=tok.pad_token_id), SEEDS, jax.random.key(9))
     rows = batch.turn_samples()
     assert rows.input_ids.shape[0] == int(batch.num_turns.sum()) == 12

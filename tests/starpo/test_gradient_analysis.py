@@ -10,10 +10,11 @@ import optax
 import pytest
 from flax import nnx
 
+from ragen_jax.config.resolve import update_settings
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
 from ragen_jax.starpo import losses
 from ragen_jax.starpo.gradient_analysis import make_gradient_analysis, reward_std_buckets
-from ragen_jax.starpo.optimizer_step import TrainBatch, UpdateConfig
+from ragen_jax.starpo.optimizer_step import TrainBatch
 from ragen_jax.starpo.token_scores import token_logprobs
 
 
@@ -54,7 +55,7 @@ def test_component_and_bucket_norms_equal_direct_gradients(mode):
     model, batch = _model_and_batch()
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     before = jax.tree.map(np.asarray, params)
-    cfg = UpdateConfig(entropy_coeff=0.05, kl_coef=0.1, kl_estimator="k3", loss_agg_mode=mode)
+    cfg = update_settings(entropy_coeff=0.05, kl_coef=0.1, kl_estimator="k3", loss_agg_mode=mode)
     bucket_ids = jnp.asarray([0, 2, 0, 2, 2, 0])  # bucket 1 has no rows
     norms = make_gradient_analysis(graphdef, cfg, num_buckets=3)(params, rest, batch, bucket_ids)
     split = make_gradient_analysis(graphdef, cfg, num_buckets=3, micro_batches=3)(
@@ -79,7 +80,7 @@ def test_component_and_bucket_norms_equal_direct_gradients(mode):
 def test_components_follow_the_coefficients():
     model, batch = _model_and_batch()
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    norms = make_gradient_analysis(graphdef, UpdateConfig(entropy_coeff=0.0), 2)(
+    norms = make_gradient_analysis(graphdef, update_settings(entropy_coeff=0.0), 2)(
         params, rest, batch, jnp.zeros(6, jnp.int32))
     assert {k for k in norms if "/" not in k} == {"pg"}  # no entropy bonus, no KL: pg only
     assert float(norms["bucket0/pg"]) == pytest.approx(float(norms["pg"]), rel=1e-5)

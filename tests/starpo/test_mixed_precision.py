@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from ragen_jax.config.resolve import update_settings
+from ragen_jax.config.schema import ModelConfig
 from ragen_jax.models import compute_copy
 from ragen_jax.policy import build_actor
-from ragen_jax.schema import ModelConfig
 from ragen_jax.starpo.optimizer_step import (
     TrainBatch,
-    UpdateConfig,
     jit_optimizer_step,
     make_optimizer,
 )
@@ -49,7 +49,7 @@ def train(model_config: ModelConfig, lr: float, steps: int):
     batch = batch_for(actor)
     graphdef, params, rest = nnx.split(actor, nnx.Param, ...)
     before = jax.tree.map(np.asarray, params)
-    config = UpdateConfig(lr=lr, weight_decay=0.0, entropy_coeff=0.0)
+    config = update_settings(lr=lr, weight_decay=0.0, entropy_coeff=0.0)
     step = jit_optimizer_step(graphdef, config)
     opt_state = make_optimizer(config).init(params)
     losses = []

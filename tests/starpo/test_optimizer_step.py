@@ -15,10 +15,10 @@ import optax
 import pytest
 from flax import nnx
 
+from ragen_jax.config.resolve import update_settings
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
 from ragen_jax.starpo.optimizer_step import (
     TrainBatch,
-    UpdateConfig,
     jit_optimizer_step,
     make_optimizer,
 )
@@ -44,7 +44,7 @@ def make_case(seed: int = 0, batch: int = 8, length: int = 16):
 
 
 def run_step(model, batch, optimizer=None, **kw):
-    cfg = UpdateConfig(**kw)
+    cfg = update_settings(**kw)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     optimizer = optimizer or make_optimizer(cfg)
     step = jit_optimizer_step(graphdef, cfg, optimizer, donate=False)
@@ -117,7 +117,7 @@ def test_non_finite_loss_skips_the_update():
 
 def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match="update.loss_agg_mode"):
-        UpdateConfig(loss_agg_mode="mean")
+        update_settings(loss_agg_mode="mean")
 
 
 _SHARDED = textwrap.dedent("""
@@ -130,7 +130,8 @@ _SHARDED = textwrap.dedent("""
     from tests.starpo.test_update import make_case
     from ragen_jax.models import shard_model
     from ragen_jax.sharding import make_mesh, shard_batch
-    from ragen_jax.starpo.optimizer_step import UpdateConfig, make_optimizer, jit_optimizer_step
+    from ragen_jax.config.resolve import update_settings
+    from ragen_jax.starpo.optimizer_step import make_optimizer, jit_optimizer_step
 
     out = {{}}
     for shape in [(1, 1, 1), (8, 1, 1), (2, 2, 2), (1, 4, 2)]:
@@ -139,7 +140,7 @@ _SHARDED = textwrap.dedent("""
         mesh = make_mesh(shape, devices)
         shard_model(model, mesh)
         batch = shard_batch(batch, mesh)
-        cfg = UpdateConfig(lr=1e-3, micro_batches=2)
+        cfg = update_settings(lr=1e-3, micro_batches=2)
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
         before = jax.tree.leaves(params)
         params, _, m = jit_optimizer_step(graphdef, cfg, mesh=mesh, donate=False)(params, rest, make_optimizer(cfg).init(params), batch)
@@ -177,7 +178,7 @@ def test_critic_from_actor_and_value_steps_reduce_loss():
     old = token_values(critic, batch.input_ids, batch.attention_mask, batch.positions)
     returns = jnp.where(batch.loss_mask > 0, 1.0, 0.0)
     cb = CriticBatch(batch.input_ids, batch.attention_mask, batch.positions, batch.loss_mask, old, returns)
-    cfg = UpdateConfig(lr=3e-3, micro_batches=2, value_clip=10.0)
+    cfg = update_settings(lr=3e-3, micro_batches=2, value_clip=10.0)
     graphdef, params, rest = nnx.split(critic, nnx.Param, ...)
     opt = make_optimizer(cfg)
     step = jit_optimizer_step(graphdef, cfg, opt, critic_objective, donate=False)
@@ -195,7 +196,7 @@ def test_lora_only_update_leaves_base_weights():
 
     model, batch = make_case(5)
     add_lora(model, rank=2)
-    cfg = UpdateConfig(lr=1e-2)
+    cfg = update_settings(lr=1e-2)
     graphdef, lora, rest = nnx.split(model, nnx.LoRAParam, ...)
     opt = make_optimizer(cfg)
     new_lora, _, m = jit_optimizer_step(graphdef, cfg, opt, donate=False)(lora, rest, opt.init(lora), batch)
@@ -212,7 +213,7 @@ def test_mini_batch_epochs_and_schedule():
     )
 
     model, batch = make_case(6)
-    cfg = UpdateConfig(lr=1e-3, lr_schedule="cosine", warmup_steps=2, total_steps=8,
+    cfg = update_settings(lr=1e-3, lr_schedule="cosine", warmup_steps=2, total_steps=8,
                        micro_batches=2)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     opt = make_optimizer(cfg)
@@ -233,17 +234,17 @@ def test_mini_batch_epochs_and_schedule():
     with pytest.raises(ValueError, match="mini_batch_size"):
         mini_batch_epochs(step, params, rest, opt_state, batch, 1e-3, epochs=1, mini_batch_size=3)
     with pytest.raises(ValueError, match="update.total_steps"):
-        UpdateConfig(lr_schedule="cosine", total_steps=0)
+        update_settings(lr_schedule="cosine", total_steps=0)
 
 
 def test_learning_rate_counts_training_steps():
     from ragen_jax.starpo.optimizer_step import learning_rate
 
-    const = UpdateConfig(lr=2e-3)
+    const = update_settings(lr=2e-3)
     assert float(learning_rate(const, 0)) == float(learning_rate(const, 99)) == pytest.approx(2e-3)
-    warm = UpdateConfig(lr=1e-3, warmup_steps=4)
+    warm = update_settings(lr=1e-3, warmup_steps=4)
     assert [round(float(learning_rate(warm, s)), 8) for s in (0, 2, 4, 10)] == [0.0, 5e-4, 1e-3, 1e-3]
-    cos = UpdateConfig(lr=1e-3, lr_schedule="cosine", warmup_steps=2, total_steps=10)
+    cos = update_settings(lr=1e-3, lr_schedule="cosine", warmup_steps=2, total_steps=10)
     assert float(learning_rate(cos, 2)) == pytest.approx(1e-3)
     assert float(learning_rate(cos, 6)) == pytest.approx(5e-4, rel=1e-4)  # half way down
     assert float(learning_rate(cos, 10)) == pytest.approx(0.0, abs=1e-9)
@@ -251,7 +252,7 @@ def test_learning_rate_counts_training_steps():
 
 def test_optimizer_equals_optax_adamw():
     """Adam + decoupled weight decay times the step's learning rate is optax's AdamW."""
-    cfg = UpdateConfig(lr=1e-2, weight_decay=0.1, grad_clip=1e9)
+    cfg = update_settings(lr=1e-2, weight_decay=0.1, grad_clip=1e9)
     params = {"w": jnp.arange(6.0).reshape(2, 3) / 7}
     grads = {"w": jnp.sin(jnp.arange(6.0)).reshape(2, 3)}
     ours, ref = make_optimizer(cfg), optax.adamw(1e-2, weight_decay=0.1)

@@ -137,7 +137,7 @@ def test_update_with_shared_prefixes_equals_the_update_without(estimator, critic
 
 
 def test_update_is_the_same_at_a_tighter_row_width():
-    """``actor.pad_multiple`` only trims padding: rows cut at a multiple of 8 train exactly as
+    """``actor.row_pad_multiple`` only trims padding: rows cut at a multiple of 8 train exactly as
     rows padded to a multiple of 64 (and their shared prefixes likewise)."""
     s = settings("grpo", critic=False, recompute=True)
     _, networks, state = build(s)

@@ -9,15 +9,17 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from ragen_jax.config.resolve import update_settings
 from ragen_jax.envs import make
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
 from ragen_jax.models import tokenizer as tk
 from ragen_jax.rollout import ScriptedPolicy
-from ragen_jax.rollout.agent import AgentRollout, RolloutConfig
+from ragen_jax.rollout.agent import AgentRollout
+from ragen_jax.rollout.config import RolloutConfig
 from ragen_jax.sharding import make_mesh
 from ragen_jax.starpo import advantages as adv_lib
 from ragen_jax.starpo.estimators import AdvantageSettings
-from ragen_jax.starpo.optimizer_step import TrainBatch, UpdateConfig, actor_objective
+from ragen_jax.starpo.optimizer_step import TrainBatch, actor_objective
 from ragen_jax.starpo.rows import RowSettings, build_step_batch
 from ragen_jax.starpo.token_scores import token_logprobs
 from ragen_jax.starpo.update import (
@@ -86,7 +88,7 @@ def _pg_gradient(model, rows, advantages, agg):
     old, _ = token_logprobs(model, rows.input_ids, rows.attention_mask, rows.positions)
     batch = TrainBatch(rows.input_ids, rows.attention_mask, rows.positions, rows.loss_mask,
                        old, advantages)
-    config = UpdateConfig(entropy_coeff=0.0, loss_agg_mode=agg)
+    config = update_settings(entropy_coeff=0.0, loss_agg_mode=agg)
 
     def loss(p):
         num, (den, _) = actor_objective(nnx.merge(graphdef, p, rest), batch, config)
@@ -129,8 +131,8 @@ def test_full_context_turn_rows_give_the_trajectory_gradient(rollout):
 def test_turn_row_update_with_shared_prefixes(rollout, estimator):
     """The whole update runs on turn rows (episodes beside the rows, a critic for GAE), and
     sharing each group's prompt prefix changes nothing."""
-    actor = UpdateConfig(lr=1e-3, micro_batches=2)
-    critic = UpdateConfig(lr=1e-3, entropy_coeff=0.0) if estimator == "gae" else None
+    actor = update_settings(lr=1e-3, micro_batches=2)
+    critic = update_settings(lr=1e-3, entropy_coeff=0.0) if estimator == "gae" else None
     n = int(rollout.num_turns.sum())
     mini = n // 2 if n % 2 == 0 else n
     s = StepSettings(actor=actor, critic=critic, reference=None,

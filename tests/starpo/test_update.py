@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from ragen_jax.config.resolve import update_settings
 from ragen_jax.models import Qwen2ForCausalLM, Qwen2ForValue, QwenConfig
 from ragen_jax.models.lora import add_lora
 from ragen_jax.starpo import advantages as adv_lib
 from ragen_jax.starpo.estimators import AdvantageSettings
 from ragen_jax.starpo.optimizer_step import (
     TrainBatch,
-    UpdateConfig,
     jit_optimizer_step,
     make_optimizer,
 )
@@ -47,8 +47,8 @@ def make_batch(model, seed=0) -> StepBatch:
 
 
 def settings(estimator="grpo", critic=False, reference=None, mini=B, recompute=False):
-    actor = UpdateConfig(lr=1e-3, micro_batches=2, kl_coef=0.1 if reference else 0.0)
-    return StepSettings(actor=actor, critic=UpdateConfig(lr=1e-3, entropy_coeff=0.0) if critic else None,
+    actor = update_settings(lr=1e-3, micro_batches=2, kl_coef=0.1 if reference else 0.0)
+    return StepSettings(actor=actor, critic=update_settings(lr=1e-3, entropy_coeff=0.0) if critic else None,
                         reference=reference, advantages=AdvantageSettings(
                             estimator=estimator, gamma=1.0, lam=1.0, norm_adv_by_std=True,
                             bi_level_gae=False, high_level_gamma=0.95, num_groups=GROUPS),

@@ -1,12 +1,12 @@
 """The configuration reference, generated from the schema's source.
 
 Every run-config field is a dataclass field whose trailing comment is its user
-documentation (``schema.py`` and the sections it collects, e.g. ``RolloutConfig``). This
+documentation (``config/schema.py`` and the sections it collects, e.g. ``RolloutConfig``). This
 module reads those comments back from the source (``ast`` for the fields, ``tokenize`` for the
 comments) so the documentation site's reference is never a hand-copied table that drifts;
 ``missing_docs`` lists the fields without a comment (a test keeps it empty).
 
-    python -m ragen_jax.config_reference > configuration.md
+    python -m ragen_jax.config.reference > configuration.md
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from ragen_jax import schema
+from ragen_jax.config.schema import EnvConfig, MixEntry, RunConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,31 +71,40 @@ def _default(f: dataclasses.Field) -> Any:
 
 
 def section_fields(prefix: str, cls: type) -> list[FieldDoc]:
-    """The fields of one config section (a dataclass), each named ``prefix.field``."""
+    """The fields of one config section (a dataclass) that are values, each named
+    ``prefix.field`` (its nested sections are sections of their own)."""
     comments, hints = field_comments(cls), typing.get_type_hints(cls)
     return [FieldDoc(f"{prefix}.{f.name}" if prefix else f.name, _type_name(hints[f.name]),
                      _default(f), comments.get(f.name, ""))
-            for f in dataclasses.fields(cls)]
+            for f in dataclasses.fields(cls) if not dataclasses.is_dataclass(hints[f.name])]
+
+
+def _subsections(prefix: str, cls: type) -> list[tuple[str, type]]:
+    """``cls`` as the section ``prefix``, then its nested sections (``rollout.sampling``)."""
+    out = [(prefix, cls)]
+    for name, hint in typing.get_type_hints(cls).items():
+        if dataclasses.is_dataclass(hint):
+            out += _subsections(f"{prefix}.{name}", hint)
+    return out
 
 
 def sections() -> list[tuple[str, type | None]]:
     """The reference's sections in order: ``("", None)`` for the top-level fields, then
-    each ``RunConfig`` section, with ``env.mix[i]``'s entries after ``env``."""
+    each ``RunConfig`` section followed by its nested ones, with ``env.mix[i]``'s entries
+    after ``env``."""
     out: list[tuple[str, type | None]] = [("", None)]
-    for f in dataclasses.fields(schema.RunConfig):
-        cls = typing.get_type_hints(schema.RunConfig)[f.name]
+    for f in dataclasses.fields(RunConfig):
+        cls = typing.get_type_hints(RunConfig)[f.name]
         if dataclasses.is_dataclass(cls):
-            out.append((f.name, cls))
-            if cls is schema.EnvConfig:
-                out.append(("env.mix[i]", schema.MixEntry))
+            out += _subsections(f.name, cls)
+            if cls is EnvConfig:
+                out.append(("env.mix[i]", MixEntry))
     return out
 
 
 def top_level_fields() -> list[FieldDoc]:
     """``RunConfig``'s own fields that are values, not sections (``seed``, ``preset``)."""
-    hints = typing.get_type_hints(schema.RunConfig)
-    return [d for d in section_fields("", schema.RunConfig)
-            if not dataclasses.is_dataclass(hints[d.name])]
+    return section_fields("", RunConfig)
 
 
 def all_fields() -> list[FieldDoc]:
@@ -135,7 +144,7 @@ def reference_markdown() -> str:
         "# Configuration reference",
         "",
         "Generated from the schema's source when the site is built "
-        "(`ragen_jax/config_reference.py` reads each field's trailing comment); do not edit "
+        "(`ragen_jax/config/reference.py` reads each field's trailing comment); do not edit "
         "by hand. Any field can be set on the command line as "
         "`--config.<section>.<field>=value`; a preset file (`configs/*.py`) sets its own "
         "values over these defaults. \"RAGEN: x\" gives RAGEN's value where it has the "

@@ -1,9 +1,12 @@
-"""Loading a run config: ``--config path[:preset]`` plus ``--config.a.b=value`` overrides.
+"""Loading a run config: ``--config path[:preset]`` plus ``--config.a.b=value`` overrides,
+and the ConfigDict <-> ``RunConfig`` conversion.
 
 The same loader serves ``launch.py``, ``python -m ragen_jax.eval`` and
-``python -m ragen_jax.export``; the latter two can start from a run folder's saved
-``config.json`` (``load_run_config``) instead of a config file. The fields, defaults and
-their documentation are ``ragen_jax/schema.py``'s.
+``python -m ragen_jax.export``; all three can start from a run folder's saved ``config.json``
+(``load_run_config``; ``launch.py --config <run folder>/config.json`` resumes that run)
+instead of a config file. A ``config.json`` written before the schema's fields were
+renamed or regrouped is read through ``config.legacy``'s table. The fields, defaults and
+their documentation are ``ragen_jax/config/schema.py``'s.
 
 The config file is a Python module with ``get_config(preset)`` returning an ml_collections
 ``ConfigDict`` (ml_collections' config-file convention). The config is locked before
@@ -22,24 +25,33 @@ after the original folder was moved (its trained weights are in the checkpoints)
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.util
 import json
 import sys
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ml_collections import ConfigDict
 
+from ragen_jax.config import legacy
+from ragen_jax.config.fields import ConfigError, read_section, read_value
+from ragen_jax.config.schema import TINY_ONLY_FIELDS, RunConfig
+
 OPEN_FIELDS = ("env.params", "env.val_extra")
 
 
 def load_file(spec: str) -> ConfigDict:
-    """``path[:preset]`` -> the file's ``get_config(preset)`` (no preset: its default)."""
+    """``path[:preset]`` -> the file's ``get_config(preset)`` (no preset: its default); a
+    run folder's ``config.json`` -> that run's config (``load_run_config``)."""
     path, _, preset = spec.partition(":")
     file = Path(path)
     if not file.is_file():
         raise ValueError(f"--config: no such config file: {path}")
+    if file.suffix == ".json":
+        return load_run_config(file.parent)
     root = str(file.resolve().parent.parent)
     if root not in sys.path:  # config files import their base as `configs.base`
         sys.path.insert(0, root)
@@ -77,14 +89,18 @@ def override(config: ConfigDict, field: str, text: str) -> None:
     node = config
     for i, name in enumerate(parents):
         if not isinstance(node, ConfigDict) or name not in node:
-            raise ValueError(f"--config.{field}: unknown field {'.'.join(parents[:i + 1])}")
+            renamed = legacy.renamed_field(field)
+            raise ValueError(f"--config.{field}: " + (
+                renamed or f"unknown field {'.'.join(parents[:i + 1])}"))
         node = node[name]
     if not isinstance(node, ConfigDict):
         raise ValueError(f"--config.{field}: {'.'.join(parents)} is not a group of fields")
     value = parse_value(text)
     is_open = any(field.startswith(p + ".") for p in OPEN_FIELDS)
     if leaf not in node and not is_open:
-        raise ValueError(f"--config.{field}: unknown field (see ragen_jax/schema.py)")
+        renamed = legacy.renamed_field(field)
+        raise ValueError(f"--config.{field}: " + (renamed or "unknown field (see "
+                                                   "ragen_jax/config/schema.py)"))
     if (isinstance(value, str) and value.strip().lower() in NON_FINITE
             and isinstance(node[leaf], float)):
         value = float(value)  # a float field's nan or inf: the schema refuses it by name
@@ -121,19 +137,21 @@ def _override_mix_entry(config: ConfigDict, field: str, text: str) -> None:
 
 
 def load_run_config(run_dir: str | Path) -> ConfigDict:
-    """The config a training run saved in ``run_dir/config.json``, pointed at ``run_dir``
-    (and at its model snapshot if the model folder is gone, see ``use_run_snapshot``)."""
+    """The config a training run saved in ``run_dir/config.json`` (an older schema's through
+    ``legacy.upgrade``), pointed at ``run_dir`` (and at its model snapshot if the model folder
+    is gone, see ``use_run_snapshot``)."""
     file = Path(run_dir) / "config.json"
     if not file.is_file():
         raise FileNotFoundError(f"--checkpoint: {run_dir} is not a run folder (no config.json)")
-    config = ConfigDict(json.loads(file.read_text()))
+    config = ConfigDict(legacy.upgrade(json.loads(file.read_text())))
     config.trainer.output_dir = str(run_dir)
     return use_run_snapshot(config)
 
 
 def run_folder(config: Any) -> Path:
     """The run folder a config trains into: ``trainer.output_dir``, else
-    ``runs/<env>-<preset>`` (``runs/mixed-<preset>`` with ``env.mix``); for a ``ConfigDict`` or a ``schema.RunConfig`` alike."""
+    ``runs/<env>-<preset>`` (``runs/mixed-<preset>`` with ``env.mix``); for a ``ConfigDict`` or a
+    ``schema.RunConfig`` alike."""
     env = "mixed" if getattr(config.env, "mix", ()) else config.env.name
     return Path(config.trainer.output_dir or f"runs/{env}-{config.preset}")
 
@@ -186,3 +204,76 @@ def load_config(args: Sequence[str], *, prog: str = "ragen_jax", default: str | 
     for field, text in overrides:
         override(config, field, text)
     return config
+
+
+# ----------------------------------------------------------------------------------------------
+# ConfigDict <-> RunConfig
+# ----------------------------------------------------------------------------------------------
+
+
+def to_config_dict(run: RunConfig | None = None) -> ConfigDict:
+    """The ConfigDict of ``run`` (default: every default), one entry per schema field, a
+    section's as a nested ConfigDict (``env.mix`` as a tuple of plain dicts)."""
+    return _as_config_dict(RunConfig() if run is None else run)
+
+
+def _as_config_dict(obj: Any) -> ConfigDict:
+    out = ConfigDict()
+    for f in dataclasses.fields(obj):
+        item = getattr(obj, f.name)
+        if dataclasses.is_dataclass(item):
+            item = _as_config_dict(item)
+        elif isinstance(item, tuple) and item and dataclasses.is_dataclass(item[0]):
+            item = tuple(dataclasses.asdict(x) for x in item)
+        out[f.name] = item
+    return out
+
+
+def from_config_dict(config: ConfigDict | dict) -> RunConfig:
+    """The typed ``RunConfig`` of a ConfigDict; raises ``ConfigError`` naming the bad field."""
+    config = config.to_dict() if isinstance(config, ConfigDict) else dict(config)
+    sections = {}
+    hints = typing.get_type_hints(RunConfig)
+    unknown = set(config) - set(hints)
+    if unknown:
+        raise ConfigError(f"{sorted(unknown)[0]}: unknown config field")
+    for name, value in config.items():
+        cls = hints[name]
+        if dataclasses.is_dataclass(cls):
+            sections[name] = read_section(name, cls, value)
+        else:
+            sections[name] = read_value(name, value, cls)
+    try:
+        return RunConfig(**sections)
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def config_for_print(run: RunConfig) -> str:
+    """``run`` rendered as ``print(ConfigDict)`` renders its ConfigDict (YAML, sorted keys),
+    but showing only what the run uses: with ``model.path`` set, the tiny-model fields
+    (``TINY_ONLY_FIELDS``) are replaced by one ``model.architecture`` line naming the
+    folder's ``config.json`` (with its values of those fields when it is readable)."""
+    config = to_config_dict(run)
+    if not run.model.path:
+        return str(config)
+    for name in TINY_ONLY_FIELDS:
+        del config.model[name]
+    lines = str(config).splitlines()
+    at = lines.index("model:") + 1  # "architecture" sorts first in the section
+    lines.insert(at, f"  architecture: {_folder_architecture(run.model.path)}")
+    return "\n".join(lines) + "\n"
+
+
+def _folder_architecture(path: str) -> str:
+    """``<path>/config.json``, followed by its tiny-field values when the file reads."""
+    file = Path(path) / "config.json"
+    try:
+        found = json.loads(file.read_text())
+    except (OSError, ValueError):
+        found = {}
+    values = ", ".join(f"{k}={found[k]}" for k in TINY_ONLY_FIELDS
+                       if isinstance(found, dict) and k in found)
+    return f"from {file}" + (f" ({values})" if values else "")

@@ -2,7 +2,7 @@
 
 A run's start says what will happen (env, model, algorithm, steps, devices) and where
 everything goes, in about ten lines; the whole config (``config.json``) and the derived
-settings (``settings.txt``, ``schema.describe``) are files of the run folder, printed in full
+settings (``settings.txt``, ``resolve.describe``) are files of the run folder, printed in full
 only on request (``launch.py --print_config``), because two hundred lines of YAML before
 anything happens hide the lines that matter.
 """
@@ -14,9 +14,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ragen_jax.schema import Resolved, compute_dtype, describe
+from ragen_jax.config.resolve import Resolved, describe
+from ragen_jax.config.schema import compute_dtype
 
-SETTINGS_FILE = "settings.txt"  # the run folder's derived settings (schema.describe)
+SETTINGS_FILE = "settings.txt"  # the run folder's derived settings (resolve.describe)
 # A derived note that changes a value the config gave ("algorithm.loss_agg_mode = ..."): the
 # one kind of note a run prints at its start, since the run then differs from the file.
 _CHANGED_FIELD = re.compile(r"^\w+\.\w+ = ")
@@ -50,8 +51,8 @@ def _prior_line(plan: Resolved) -> str | None:
     w, parts = run.warmstart, []
     if run.sft.steps:
         parts.append(f"SFT {run.sft.steps} steps on {run.sft.data}")
-    if w.steps or w.turn_steps:
-        steps = w.steps + w.turn_steps
+    if w.steps or w.turns.steps:
+        steps = w.steps + w.turns.steps
         cached = not run.model.path and not run.model.lora_rank and w.cache
         parts.append(f"warm-start {steps} supervised steps on ~{w.episodes} scripted episodes"
                      + (" (built on first use, then cached)" if cached else ""))
@@ -122,7 +123,7 @@ def _accelerator_warning(backend: str) -> str | None:
 
 def _devices_line(devices: list[Any], processes: int, mesh: Any) -> str:
     platform = devices[0].platform if devices else "?"
-    data = mesh.data if mesh.data > 0 else max(1, len(devices) // (mesh.fsdp * mesh.tensor))
+    data = mesh.data or max(1, len(devices) // (mesh.fsdp * mesh.tensor))
     return (f"{_n(len(devices), platform + ' device')}, "
             f"{processes} process{'' if processes == 1 else 'es'}; mesh data {data} x "
             f"fsdp {mesh.fsdp} x tensor {mesh.tensor}")
@@ -135,7 +136,7 @@ def start_summary(plan: Resolved, devices: list[Any], processes: int = 1,
     warning of ``budget.check_run``, when the run may not fit."""
     run, tr = plan.run, plan.run.trainer
     backend = backend or (devices[0].platform if devices else "cpu")
-    val = sum(e.val_groups for e in plan.envs) * plan.rollout.val_group_size
+    val = sum(e.val_groups for e in plan.envs) * plan.rollout.val.group_size
     a = run.algorithm
     rows = [
         ("env", _env_line(plan)),
