@@ -19,11 +19,6 @@ import tempfile
 import jax
 import pytest
 
-try:
-    from _pytest.nodeid import NodeId
-except ImportError:  # pytest < 9, where xdist's own xdist_group mark still groups
-    NodeId = None
-
 # The process that starts the session (xdist's controller, or the only one) makes the folder
 # before any worker exists; workers and the processes tests start inherit it in the environment.
 _OWN_JIT_CACHE = None
@@ -67,10 +62,6 @@ def _private_warmstart_cache(tmp_path_factory):
         os.environ["RAGEN_JAX_CACHE"] = old
 
 
-# Module fixtures that train or convert a model (a minute or more each): the tests that read one
-# run on the worker that built it (pyproject.toml runs xdist with --dist loadgroup), instead of
-# each worker building its own copy.
-_SHARED_RUNS = ("reference_run", "two_steps", "trained", "smollm2")
 # Files whose tests train end to end or start processes that do (a minute or more each), in
 # this order before the rest: the two workers then finish together instead of one waiting on a
 # long last test.
@@ -79,19 +70,6 @@ _LONG_FIRST = ("test_distributed.py", "test_train.py", "test_hf_folder.py",
                "test_remote_train.py", "test_eval.py")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
 def pytest_collection_modifyitems(config, items):
-    if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
-        for item in items:
-            shared = [name for name in _SHARED_RUNS if name in getattr(item, "fixturenames", ())]
-            if not shared:
-                continue
-            group = f"{item.path.stem}.{shared[0]}"
-            if NodeId is None:
-                item.add_marker(pytest.mark.xdist_group(group))
-            else:
-                # xdist's scheduler groups by a node id's "@group" suffix; its xdist_group mark
-                # sets that suffix through Item._nodeid, which pytest 9 no longer reads.
-                item._id = NodeId.parse(f"{item.nodeid}@{group}")
     rank = {name: i for i, name in enumerate(_LONG_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable within a file
