@@ -127,7 +127,7 @@ _SHARDED = textwrap.dedent("""
     import numpy as np
     from flax import nnx
     sys.path.insert(0, {root!r})
-    from tests.starpo.test_update import make_case
+    from tests.starpo.test_optimizer_step import make_case
     from ragen_jax.models import shard_model
     from ragen_jax.sharding import make_mesh, shard_batch
     from ragen_jax.config.resolve import update_settings
