@@ -103,13 +103,16 @@ def test_cpu_sampler_decodes_the_same_tokens_in_the_decode_layout_and_under_comp
     for o in (base, other):
         np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(o.tokens))
         np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(o.logprobs), atol=1e-5)
-    # Reference: greedy decoding by full forward passes of the original model, no cache.
+    # Reference: greedy decoding by full forward passes of the original model, no cache. One
+    # causal forward over the prompt and the 8 decoded tokens gives each step's logits from the
+    # tokens before it (what a forward of that prefix gives): each decoded token must be their
+    # argmax, so by induction the decode is the greedy one.
     for row, prompt in enumerate(prompts):
-        seq = list(prompt)
+        seq = list(prompt) + [int(t) for t in out.tokens[row, :8]]
+        every = _logits(model, jnp.asarray([seq]))[0]
         for step in range(8):
-            logits = _logits(model, jnp.asarray([seq]))[0, -1]
+            logits = every[len(prompt) - 1 + step]
             tok = int(np.argmax(logits))
             assert int(out.tokens[row, step]) == tok, (row, step)
             np.testing.assert_allclose(float(out.logprobs[row, step]),
                                        float(jax.nn.log_softmax(logits)[tok]), atol=1e-4)
-            seq.append(tok)
