@@ -782,19 +782,46 @@ def test_windowed_sokoban_preset_trains_turn_rows_and_diagnoses_first_turns(tmp_
     assert "val-env/Sokoban/success" in metrics[2]
 
 
-@pytest.mark.parametrize("env", ["game2048", "rubikscube"])
-def test_game2048_and_cube_presets_train_two_steps(env, tmp_path):
-    """configs/game2048.py and configs/rubikscube.py on the micro model, their prior from the
-    solver mixture (the cube's BFS solver, 2048's scripted baseline): two updates with finite
-    losses and the env's metrics."""
-    summary = _run(micro_config(tmp_path, steps=2, env=env, extra=(
+def mix_config(out: Path, envs: dict[str, dict], *, steps: int = 2, extra: tuple = ()):
+    """``micro_config`` over ``env.mix``: one group and one validation group of each env of
+    ``envs`` (``{config name: its own rollout fields}``), each with its own preset's params
+    and per-env rollout settings (as configs/mixed_countdown.py builds them), over those."""
+    from configs import mixed_countdown
+
+    c = micro_config(out, steps=steps, env="mixed", extra=extra)
+    entries = []
+    for name, rollout in envs.items():
+        own = importlib.import_module(f"configs.{name}").get_config("tiny")
+        entries.append(dict(name=own.env.name, tag=own.env.tag or "", groups=1, val_groups=1,
+                            params=own.env.params.to_dict(),
+                            rollout=mixed_countdown._own_rollout(own, c) | rollout))
+    c.env.mix = tuple(entries)
+    c.rollout.env_groups = c.rollout.val.env_groups = len(entries)
+    return c
+
+
+@pytest.fixture(scope="module")
+def solver_presets_run(tmp_path_factory):
+    """configs/game2048.py's and configs/rubikscube.py's envs in one mixed run on the micro
+    model, the prior from the solver mixture (the cube's BFS solver, 2048's scripted
+    baseline)."""
+    out = tmp_path_factory.mktemp("solver_presets")
+    own = {"max_turn": 2, "response_length": 24}
+    summary = _run(mix_config(out, {"game2048": own, "rubikscube": own}, extra=(
         "--config.rollout.max_turn=2", "--config.warmstart.solver_share=0.5",
+        "--config.warmstart.legal_actions=True",  # 2048's preset's: format moves change the board
         "--config.rollout.response_length=24", "--config.trainer.val_before_train=False",
         # The collapse diagnostics are the windowed Sokoban test's; here they only compile.
         "--config.diagnostics.compute_freq=0")))
+    return summary, read_jsonl(out / "metrics.jsonl")
+
+
+@pytest.mark.parametrize("tag", ["Game2048", "RubiksCube"])
+def test_game2048_and_cube_presets_train_two_steps(tag, solver_presets_run):
+    """Both envs in one run (the fixture): two updates with finite losses and each env's
+    metrics."""
+    summary, metrics = solver_presets_run
     assert summary["step"] == 2
-    metrics = read_jsonl(tmp_path / "metrics.jsonl")
-    tag = {"game2048": "Game2048", "rubikscube": "RubiksCube"}[env]
     for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", f"train/{tag}/success"):
         assert np.isfinite(metrics[1][key]), key
     assert f"val-env/{tag}/success" in metrics[2]
@@ -805,25 +832,41 @@ def _needs(module: str, extra: str) -> pytest.MarkDecorator:
                               reason=f"needs {module} (pip install 'ragen_jax[{extra}]')")
 
 
-@pytest.mark.parametrize("env,tag,max_turns,length", [
-    ("metamathqa", "MetamathQA", 3, 16), ("deepcoder", "DeepCoder", 1, 32),
-    pytest.param("search", "SearchQA", 5, 32, marks=_needs("bm25s", "search")),
-    pytest.param("textworld", "TextWorld", 3, 16, marks=_needs("textworld", "textworld")),
-    pytest.param("gem", "GuessTheNumber", 4, 16, marks=_needs("gem", "gem"))])
-def test_data_env_presets_train_two_steps(tmp_path, env, tag, max_turns, length):
+# config name, tag, max turns, response length, the module it needs (None: none)
+_DATA_ENVS = (("metamathqa", "MetamathQA", 3, 16, None), ("deepcoder", "DeepCoder", 1, 32, None),
+              ("search", "SearchQA", 5, 32, "bm25s"), ("textworld", "TextWorld", 3, 16, "textworld"),
+              ("gem", "GuessTheNumber", 4, 16, "gem"))
+
+
+@pytest.fixture(scope="module")
+def data_presets_run(tmp_path_factory):
     """configs/metamathqa.py (our 26-question sample; up to three answers per question,
     RAGEN's retries), configs/deepcoder.py (our 16-problem sample; one program each, run in
     the sandbox inside the env's worker processes: the format warm-start's and any the model
     writes), configs/search.py (our 6-question sample and 8-passage BM25 corpus; up to five
     searches and answers), configs/textworld.py (8 coin-collector games, compiled into the
     temp dir's cache on first use; up to three commands) and configs/gem.py (GEM's
-    GuessTheNumber, up to four guesses) on the micro model: two updates with finite losses, no
-    env errors. (Their validation is held out: tests/test_held_out.py.)"""
-    summary = _run(micro_config(tmp_path, steps=2, env=env, extra=(
-        f"--config.rollout.response_length={length}", "--config.trainer.val_before_train=False",
+    GuessTheNumber, up to four guesses), those whose packages are installed, in one mixed run
+    on the micro model, each with its own preset's params, turns and answer length."""
+    out = tmp_path_factory.mktemp("data_presets")
+    envs = {name: {"response_length": length} for name, _, _, length, module in _DATA_ENVS
+            if module is None or importlib.util.find_spec(module) is not None}
+    summary = _run(mix_config(out, envs, extra=(
+        "--config.rollout.response_length=32", "--config.trainer.val_before_train=False",
         "--config.diagnostics.compute_freq=0")))
+    return summary, read_jsonl(out / "metrics.jsonl")
+
+
+@pytest.mark.parametrize("tag,max_turns", [
+    ("MetamathQA", 3), ("DeepCoder", 1),
+    pytest.param("SearchQA", 5, marks=_needs("bm25s", "search")),
+    pytest.param("TextWorld", 3, marks=_needs("textworld", "textworld")),
+    pytest.param("GuessTheNumber", 4, marks=_needs("gem", "gem"))])
+def test_data_env_presets_train_two_steps(data_presets_run, tag, max_turns):
+    """Each data env of the mixed run (the fixture): two updates with finite losses, its own
+    turns, no env errors. (Their validation is held out: tests/test_held_out.py.)"""
+    summary, metrics = data_presets_run
     assert summary["step"] == 2
-    metrics = read_jsonl(tmp_path / "metrics.jsonl")
     for step in (1, 2):
         m = metrics[step]
         for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", f"train/{tag}/success"):
