@@ -482,9 +482,11 @@ def test_export_loads_in_transformers_with_the_same_greedy_actions(reference_run
         assert theirs == ours[b, : lengths[b]].tolist()
 
 
-@pytest.mark.parametrize("env", ["bandit", "frozenlake"])
-def test_export_restores_the_actor_without_envs_or_optimizers(env, reference_run, tmp_path,
+@pytest.mark.parametrize("env", ["bandit", "mixed"])
+def test_export_restores_the_actor_without_envs_or_optimizers(env, request, tmp_path,
                                                              monkeypatch):
+    """Bandit's run and the mixed run (SimpleSokoban and FrozenLake: grid envs, a JAX env's
+    and a multi-env run's config) export without building an env, a sampler or an optimizer."""
     import jax
 
     import ragen_jax.envs.registry
@@ -496,13 +498,7 @@ def test_export_restores_the_actor_without_envs_or_optimizers(env, reference_run
     from ragen_jax.models import from_pretrained
     from ragen_jax.policy import load_policy
 
-    if env == "bandit":
-        run_dir = reference_run[0]
-    else:
-        run_dir = tmp_path / "run"
-        _run(micro_config(run_dir, steps=1, env=env, extra=(
-            "--config.trainer.val_before_train=False", "--config.rollout.max_turn=2",
-            "--config.diagnostics.compute_freq=0")))
+    run_dir = request.getfixturevalue("reference_run" if env == "bandit" else "mixed_run")[0]
 
     def forbidden(*_a, **_k):
         raise AssertionError("export built an env, a sampler or an optimizer")
@@ -514,7 +510,7 @@ def test_export_restores_the_actor_without_envs_or_optimizers(env, reference_run
         monkeypatch.setattr(module, name, forbidden)
     out = export_main(["--checkpoint", str(run_dir), "--out", str(tmp_path / "hf")])
     actor, _, run, step = load_policy(run_dir)
-    assert run.env.name == env and step == (4 if env == "bandit" else 1)
+    assert run.env.name == env and step == (4 if env == "bandit" else 2)
     exported = from_pretrained(out)
     for a, b in zip(jax.tree.leaves(nnx.state(actor, nnx.Param)),
                     jax.tree.leaves(nnx.state(exported, nnx.Param)), strict=True):
@@ -690,26 +686,35 @@ def test_single_turn_rows_can_come_from_their_own_mixture(tmp_path, monkeypatch)
     assert calls == [(0.3, 0, False), (1.0, 1, True)] and sizes == [(8, 0), (12, 1)]
 
 
-def test_mixed_run_trains_both_envs_in_one_batch(tmp_path, monkeypatch):
-    """configs/mixed.py on the micro model, one group of each env per step: one update on
-    both envs' rows, per-tag metrics and validation, and the inductive normaliser sees each
-    row's env."""
+@pytest.fixture(scope="module")
+def mixed_run(tmp_path_factory):
+    """configs/mixed.py (SimpleSokoban and FrozenLake) on the micro model, one group of each
+    env per step, two steps; ``(folder, summary, what normalize_batch saw each step)``."""
     import ragen_jax.train as train
 
+    out = tmp_path_factory.mktemp("mixed")
     seen = []
     real = train.normalize_batch
 
     def spy(batch, scores, tag_ids, rows, grouping, method, **kw):  # kw: valid (env errors)
-        out = real(batch, scores, tag_ids, rows, grouping, method, **kw)
-        seen.append((np.asarray(tag_ids).copy(), np.asarray(batch.scores), out.scores))
-        return out
+        normed = real(batch, scores, tag_ids, rows, grouping, method, **kw)
+        seen.append((np.asarray(tag_ids).copy(), np.asarray(batch.scores), normed.scores))
+        return normed
 
-    monkeypatch.setattr(train, "normalize_batch", spy)
-    summary = _run(micro_config(tmp_path, steps=2, env="mixed", extra=(
-        "--config.env.mix.SimpleSokoban.groups=1", "--config.env.mix.FrozenLake.groups=1",
-        "--config.rollout.max_turn=2", "--config.trainer.val_before_train=False",
-        "--config.algorithm.reward_norm_grouping=inductive",
-        "--config.algorithm.reward_norm_method=mean")))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(train, "normalize_batch", spy)
+        summary = _run(micro_config(out, steps=2, env="mixed", extra=(
+            "--config.env.mix.SimpleSokoban.groups=1", "--config.env.mix.FrozenLake.groups=1",
+            "--config.rollout.max_turn=2", "--config.trainer.val_before_train=False",
+            "--config.algorithm.reward_norm_grouping=inductive",
+            "--config.algorithm.reward_norm_method=mean")))
+    return out, summary, seen
+
+
+def test_mixed_run_trains_both_envs_in_one_batch(mixed_run):
+    """The mixed run (the fixture): one update on both envs' rows, per-tag metrics and
+    validation, and the inductive normaliser sees each row's env."""
+    tmp_path, summary, seen = mixed_run
     assert summary["step"] == 2
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
     tags = ("SimpleSokoban", "FrozenLake")
