@@ -741,14 +741,35 @@ def test_mixed_run_trains_both_envs_in_one_batch(mixed_run):
         ("SimpleSokoban", 123), ("SimpleSokoban", 124), ("FrozenLake", 123), ("FrozenLake", 124)]
 
 
-def test_mixed_countdown_and_sokoban_run(tmp_path):
-    """configs/mixed_countdown.py on the micro model: a one-step host env with its own rollout
-    budget next to a multi-turn JAX env, one group each, two updates with finite losses and
-    per-tag metrics."""
-    summary = _run(micro_config(tmp_path, steps=2, env="mixed_countdown", extra=(
+@pytest.fixture(scope="module")
+def countdown_mix_run(tmp_path_factory):
+    """configs/mixed_countdown.py on the micro model, one group of SimpleSokoban and one of
+    Countdown per step, and a third entry: Countdown whose every reset hangs forever (one
+    training group, no validation groups). Two steps, no warm start (the warm start of a mix
+    with host envs: the data-env mix above); ``(folder, summary)``."""
+    from ragen_jax.envs import register
+    from tests.rollout.faulty_envs import HangingCountdown
+
+    register("hanging_countdown", HangingCountdown)
+    out = tmp_path_factory.mktemp("countdown_mix")
+    c = micro_config(out, steps=2, env="mixed_countdown", extra=(
         "--config.env.mix.SimpleSokoban.groups=1", "--config.env.mix.Countdown.groups=1",
         "--config.rollout.max_turn=2", "--config.trainer.val_before_train=False",
-        "--config.diagnostics.compute_freq=0")))  # diagnosed on a mix: the test above
+        "--config.warmstart.steps=0", "--config.diagnostics.compute_freq=0"))
+    sokoban, countdown = c.env.mix
+    hanging = dict(countdown, name="hanging_countdown", tag="Hanging", val_groups=0,
+                   params=dict(countdown["params"], step_timeout=1.0))
+    c.env.mix = (dict(sokoban, val_groups=2), dict(countdown, val_groups=2), hanging)
+    c.rollout.env_groups = 3
+    return out, _run(c)
+
+
+@pytest.mark.timeout(600)  # the first to set up the run with the hanging env
+def test_mixed_countdown_and_sokoban_run(countdown_mix_run):
+    """The run's one-step host env with its own rollout budget next to a multi-turn JAX env:
+    two updates with finite losses and per-tag metrics (diagnosed on a mix: the mixed run
+    above)."""
+    tmp_path, summary = countdown_mix_run
     assert summary["step"] == 2
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
     tags = ("SimpleSokoban", "Countdown")
@@ -758,7 +779,7 @@ def test_mixed_countdown_and_sokoban_run(tmp_path):
             for name in ("success", "score", "num_turns", "response_length"):
                 assert f"train/{tag}/{name}" in m, (step, tag, name)
         assert m["train/Countdown/num_turns"] == 1.0  # the entry's own max_turn=1
-        assert m["train/batch_size"] == 8
+        assert m["train/batch_size"] == 8  # the hanging env's group left out: the test below
         for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm"):
             assert np.isfinite(m[key]), key
     for tag in tags:
@@ -881,22 +902,14 @@ def test_data_env_presets_train_two_steps(data_presets_run, tag, max_turns):
 
 
 @pytest.mark.timeout(600)
-def test_a_run_with_a_hanging_env_in_its_mix_finishes(tmp_path):
-    """Countdown whose every reset hangs forever, mixed with Sokoban: two steps finish, the
+def test_a_run_with_a_hanging_env_in_its_mix_finishes(countdown_mix_run):
+    """The Countdown mix's hanging entry (every reset hangs forever): two steps finish, the
     hung episodes are env errors (their workers killed), and the update trains on the rest."""
-    from ragen_jax.envs import register
-    from tests.rollout.faulty_envs import HangingCountdown
-
-    register("hanging_countdown", HangingCountdown)
-    summary = _run(micro_config(tmp_path, steps=2, env="mixed_countdown", extra=(
-        "--config.env.mix.SimpleSokoban.groups=1", "--config.env.mix.Countdown.groups=1",
-        "--config.env.mix.Countdown.name=hanging_countdown",
-        "--config.env.mix.Countdown.params.step_timeout=1.0",
-        "--config.rollout.max_turn=2", "--config.trainer.val_before_train=False",
-        "--config.warmstart.steps=0", "--config.diagnostics.compute_freq=0")))
+    tmp_path, summary = countdown_mix_run
     assert summary["step"] == 2
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
     for s in (1, 2):
-        assert metrics[s]["rollout/env_errors"] == 4  # the Countdown group's four episodes
-        assert metrics[s]["train/batch_size"] == 4  # Sokoban's group only
+        assert metrics[s]["rollout/env_errors"] == 4  # the hanging group's four episodes
+        assert metrics[s]["train/Hanging/env_error_rate"] == 1.0
+        assert metrics[s]["train/batch_size"] == 8  # Sokoban's and Countdown's groups only
         assert np.isfinite(metrics[s]["actor/pg_loss"])
