@@ -586,12 +586,11 @@ run(config)
 """
 
 
-def test_sharded_run_on_8_devices_matches_one_device(tmp_path):
-    """The same step on a (2, 2, 2) mesh of simulated CPU devices and on one device (the
-    diagnostics on a mesh: tests/test_distributed.py)."""
-    single = tmp_path / "single"
-    _run(micro_config(single, steps=1, extra=("--config.trainer.val_before_train=False",
-                                              "--config.diagnostics.compute_freq=0")))
+def test_sharded_run_on_8_devices_matches_one_device(reference_run, tmp_path):
+    """The same first step on a (2, 2, 2) mesh of simulated CPU devices and on one device (the
+    reference run's: its step 1 is the same rollout and update, whatever the run's length,
+    validation and diagnostics; the diagnostics on a mesh: tests/test_distributed.py)."""
+    single, _ = reference_run
     sharded = tmp_path / "sharded"
     env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "
                "--xla_force_host_platform_device_count=8")
