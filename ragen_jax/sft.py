@@ -126,7 +126,7 @@ def train_sft(model: Any, data: dict[str, np.ndarray], *, steps: int, batch_size
     ``log`` gets a line at each fifth of the steps."""
     graphdef, params, rest = nnx.split(model, trainable, ...)
     optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(lr, weight_decay=0.0))
-    opt_state = _on_params_mesh(optimizer.init(params), params)
+    opt_state = _on_params_mesh(jax.jit(optimizer.init)(params), params)  # one program
 
     @jax.jit
     def step(params, opt_state, batch, prefixes):
@@ -156,7 +156,7 @@ def train_sft(model: Any, data: dict[str, np.ndarray], *, steps: int, batch_size
         batch = {k: jnp.asarray(v[idx, :width]) for k, v in data.items()}
         prefixes = None
         if table is not None:
-            batch["prefix_index"] = jnp.repeat(jnp.arange(picked.size), size)
+            batch["prefix_index"] = jnp.asarray(np.repeat(np.arange(picked.size, dtype=np.int32), size))
             prefixes = Prefixes(jnp.asarray(table[0][picked]), jnp.asarray(table[1][picked]))
         params, opt_state, loss = step(params, opt_state, batch, prefixes)
         losses.append(float(loss))

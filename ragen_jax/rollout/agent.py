@@ -219,7 +219,7 @@ class AgentRollout:
         gs = cfg.group_size if group_size is None else int(group_size)
         seeds = np.asarray(group_seeds, np.int64).reshape(-1)
         group_ids = np.repeat(np.arange(seeds.size, dtype=np.int32), gs)
-        row_ids = jnp.arange(group_ids.size, dtype=jnp.uint32) + np.uint32(row_offset)
+        row_ids = jnp.asarray(np.arange(group_ids.size, dtype=np.uint32) + np.uint32(row_offset))
         k_sample, k_env = jax.random.split(key)
         sp = sampling or cfg.sampling_params()
         with timer("env_s"):

@@ -54,7 +54,7 @@ from ragen_jax.starpo.token_scores import target_logprobs
 
 def cross_scores(model: Qwen2ForCausalLM, inputs: list[list[int]], reasonings: list[list[int]],
                  micro_batch_size: int | None = None, micro_batch_tokens: int | None = None,
-                 shape: tuple[int, int, int, int] | None = None) -> tuple[jax.Array, jax.Array]:
+                 shape: tuple[int, int, int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Log-probability of every reasoning under every input, by teacher forcing.
 
     Returns ``(per_token_mean [n_z, n_x], sequence_sum [n_z, n_x])``: the mean and the sum over
@@ -101,12 +101,12 @@ def cross_scores(model: Qwen2ForCausalLM, inputs: list[list[int]], reasonings: l
     for i, z in enumerate(reasonings):
         z_ids[i * pad_x:(i + 1) * pad_x, :len(z)] = z
         z_real[i * pad_x:(i + 1) * pad_x, :len(z)] = True
-    sums = jnp.concatenate([
+    sums = np.concatenate([np.asarray(
         _pair_scores(model, cache, first_logp, jnp.asarray(x_len), jnp.asarray(column[s:s + chunk]),
-                     jnp.asarray(z_ids[s:s + chunk]), jnp.asarray(z_real[s:s + chunk]))
+                     jnp.asarray(z_ids[s:s + chunk]), jnp.asarray(z_real[s:s + chunk])))
         for s in range(0, rows, chunk)])
-    total = sums[:n].reshape(pad_z, pad_x)[:n_z, :n_x]
-    counts = jnp.asarray([max(len(z), 1) for z in reasonings], jnp.float32)[:, None]
+    total = sums[:n].reshape(pad_z, pad_x)[:n_z, :n_x]  # on the host: no op-by-op compiles
+    counts = np.asarray([max(len(z), 1) for z in reasonings], np.float32)[:, None]
     return total / counts, total
 
 
@@ -161,28 +161,52 @@ def collapse_metrics(scores: jax.Array, true_column: jax.Array, input_ids: jax.A
     """
     scores = jnp.asarray(scores, jnp.float32)
     n_z, n_x = scores.shape
-    true_column = jnp.asarray(true_column)
-    labels = jnp.arange(n_x) if input_ids is None else jnp.asarray(input_ids)
-    out = {"mi_upper_bound": math.log(n_x)}
-    variants = [("", scores, std_ema[0])]
+    labels = np.arange(n_x) if input_ids is None else np.asarray(input_ids)
     if seq_scores is not None:
-        variants.append(("_seq", jnp.asarray(seq_scores, jnp.float32), std_ema[1]))
-    for suffix, matrix, prev in variants:
-        matched, marginal = mi_terms(matrix, true_column)
-        gap, std = matched - marginal, float(jnp.std(marginal))
+        seq_scores = jnp.asarray(seq_scores, jnp.float32)
+    terms = jax.device_get(_collapse_terms(scores, seq_scores, jnp.asarray(true_column),
+                                           jnp.asarray(labels), tuple(ks)))
+    out = {"mi_upper_bound": math.log(n_x)}
+    for (suffix, t), prev in zip(terms["variants"].items(), std_ema, strict=False):  # "" then "_seq"
+        std = float(t["marginal_std"])
         ema = std if prev is None else ema_decay * prev + (1 - ema_decay) * std
         est = "_seq_est" if suffix else "_est"
         out |= {
-            f"conditional_entropy{est}": float(-matched.mean()),
-            f"reasoning_entropy{est}": float(-marginal.mean()),
-            ("mi_seq_estimate" if suffix else "mi_estimate"): float(gap.mean()),
-            f"matched_log_prob_mean{suffix}": float(matched.mean()),
-            f"marginal_log_prob_mean{suffix}": float(marginal.mean()),
+            f"conditional_entropy{est}": float(-t["matched_mean"]),
+            f"reasoning_entropy{est}": float(-t["marginal_mean"]),
+            ("mi_seq_estimate" if suffix else "mi_estimate"): float(t["gap_mean"]),
+            f"matched_log_prob_mean{suffix}": float(t["matched_mean"]),
+            f"marginal_log_prob_mean{suffix}": float(t["marginal_mean"]),
             f"marginal_std{suffix}": std,
-            f"mi_zscore{suffix}": float(jnp.mean(gap / (std + 1e-3))),
+            f"mi_zscore{suffix}": float(t["zscore"]),
             f"marginal_std_ema{suffix}": ema,
-            f"mi_zscore_ema{suffix}": float(jnp.mean(gap / (ema + 1e-3))),
+            f"mi_zscore_ema{suffix}": float(np.mean(t["gap"] / np.float32(ema + 1e-3))),
         }
+    n_distinct = len(np.unique(labels))
+    for k, acc in zip((1, *ks), terms["retrieval"], strict=True):
+        chance = min(k / n_distinct, 1.0)
+        at = "" if k == 1 else f"@{k}"
+        out[f"retrieval_accuracy{at}"] = float(acc)
+        out[f"retrieval_chance_level{at}"] = chance
+        out[f"retrieval_above_chance{at}"] = float(acc) - chance
+    return out
+
+
+@functools.partial(jax.jit, static_argnums=(4,))
+def _collapse_terms(scores: jax.Array, seq_scores: jax.Array | None, true_column: jax.Array,
+                    labels: jax.Array, ks: tuple[int, ...]) -> dict:
+    """``collapse_metrics``' array work as one program (op by op, each diagnostics step
+    compiled some forty small ones at a new shape): per score matrix its MI terms, and the
+    retrieval accuracy at ``(1, *ks)`` on the per-token ``scores [n_z, n_x]``."""
+    variants = {}
+    for suffix, matrix in (("", scores), ("_seq", seq_scores)):
+        if matrix is None:
+            continue
+        matched, marginal = mi_terms(matrix, true_column)  # [n_z] each
+        gap, std = matched - marginal, jnp.std(marginal)
+        variants[suffix] = {"matched_mean": matched.mean(), "marginal_mean": marginal.mean(),
+                            "gap_mean": gap.mean(), "gap": gap, "marginal_std": std,
+                            "zscore": jnp.mean(gap / (std + 1e-3))}
     # Retrieval on the per-token scores: the best column equivalent to the truth against the
     # other columns; ties are broken uniformly at random (in expectation), so an input-blind
     # policy scores chance.
@@ -190,15 +214,8 @@ def collapse_metrics(scores: jax.Array, true_column: jax.Array, input_ids: jax.A
     best_true = jnp.max(jnp.where(equivalent, scores, -jnp.inf), axis=1)[:, None]
     higher = jnp.sum((scores > best_true) & ~equivalent, axis=1)
     ties = jnp.sum((scores == best_true) & ~equivalent, axis=1)
-    n_distinct = len(np.unique(np.asarray(labels)))
-    for k in (1, *ks):
-        acc = float(jnp.mean(jnp.clip((k - higher) / (ties + 1.0), 0.0, 1.0)))
-        chance = min(k / n_distinct, 1.0)
-        at = "" if k == 1 else f"@{k}"
-        out[f"retrieval_accuracy{at}"] = acc
-        out[f"retrieval_chance_level{at}"] = chance
-        out[f"retrieval_above_chance{at}"] = acc - chance
-    return out
+    retrieval = [jnp.mean(jnp.clip((k - higher) / (ties + 1.0), 0.0, 1.0)) for k in (1, *ks)]
+    return {"variants": variants, "retrieval": retrieval}
 
 
 def first_turn_pairs(input_ids: np.ndarray, loss_mask: np.ndarray, turn_ids: np.ndarray,

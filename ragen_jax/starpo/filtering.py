@@ -142,6 +142,7 @@ def select_groups(score: jax.Array, config: FilterConfig) -> jax.Array:
     return valid & (score <= best / (config.value + ZERO) + ZERO)
 
 
+@functools.partial(jax.jit, static_argnames=("config",))  # one program, not ~35 op by op
 def filter_groups(scores: jax.Array, config: FilterConfig, lengths: jax.Array | None = None,
                   entropies: jax.Array | None = None, valid: jax.Array | None = None
                   ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
