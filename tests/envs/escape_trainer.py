@@ -12,14 +12,6 @@ from __future__ import annotations
 import json
 import sys
 
-from ragen_jax import distributed as dist
-from ragen_jax.config.loading import from_config_dict
-from ragen_jax.policy import load_tokenizer
-from ragen_jax.rollout import ScriptedPolicy
-from ragen_jax.rollout.mix import collect_train, tag_metrics
-from ragen_jax.rollout.scripted import answer_text
-from tests.test_train import micro_config
-
 ESCAPE = """import fcntl, os
 r, w = os.pipe()
 fcntl.fcntl(r, fcntl.F_SETOWN, {target})
@@ -29,15 +21,24 @@ os.write(w, b'x')
 print('signalled')"""
 
 
-class EscapingPolicy(ScriptedPolicy):
-    """The sampler's stand-in: the escape program as every answer; training changes nothing."""
-
-    def update(self, model) -> None:
-        del model
-
-
 def main(out: str, unrelated_pid: int) -> None:
+    # Imported here, not at the top: the env's worker processes start by importing this
+    # module (multiprocessing's spawn re-imports the main module), and jax, flax and
+    # transformers in each of them took ~40 s of a loaded 2-core machine.
     import ragen_jax.train as train
+    from ragen_jax import distributed as dist
+    from ragen_jax.config.loading import from_config_dict
+    from ragen_jax.policy import load_tokenizer
+    from ragen_jax.rollout import ScriptedPolicy
+    from ragen_jax.rollout.mix import collect_train, tag_metrics
+    from ragen_jax.rollout.scripted import answer_text
+    from tests.test_train import micro_config
+
+    class EscapingPolicy(ScriptedPolicy):
+        """The sampler's stand-in: the escape program as every answer."""
+
+        def update(self, model) -> None:
+            del model
 
     config = micro_config(out, steps=2, env="deepcoder", extra=(
         "--config.rollout.response_length=384", "--config.rollout.max_model_len=1024",
