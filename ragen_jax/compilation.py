@@ -16,13 +16,17 @@ bounded to ``RAGEN_JAX_XLA_CACHE_GB`` GiB (default 4; least recently used entrie
 The size bound also turns on the cache's file locking, so several processes (a multi-process
 job on one host, two runs at once, the test suite's workers) read and write it safely; an
 entry is keyed by the program, its compile options, the devices, the XLA flags and the
-jax/XLA version, so a stale entry is never used. On by default on GPUs and TPUs; on the CPU
-only with ``RAGEN_JAX_XLA_CACHE=1``, because XLA:CPU (jaxlib 0.10) segfaults now and then
-inside its executables' serialization: a fresh-clone test run (whose workers share a cache)
-lost three workers there on 2026-11-29, twice in ``executable.serialize()`` while writing an
-entry and once in ``deserialize_executable`` while reading one (not a damaged file: entries
-truncated, zeroed or with flipped bytes read back without a crash, and two processes
-writing one cache at once are tested). ``RAGEN_JAX_XLA_CACHE=0`` turns it off everywhere.
+jax/XLA version, so a stale entry is never used. On by default on every backend;
+``RAGEN_JAX_XLA_CACHE=0`` turns it off.
+
+**Memory mappings.** XLA:CPU keeps each compiled program's machine code in its own small
+memory mappings (about six per program) for as long as JAX keeps the program, and the kernel
+caps a process's mappings (``vm.max_map_count``, 65,530 by default). A run compiles a few
+hundred programs; a process that compiles many thousands without letting them go (a long
+notebook session, the test suite's workers) reaches the cap, and its next compile, load or
+cache write fails ("LLVM compilation error: Cannot allocate memory") and crashes the process
+with a segmentation fault or an abort. ``jax.clear_caches()`` unmaps them
+(``docs/troubleshooting.md``).
 """
 
 from __future__ import annotations
@@ -117,14 +121,11 @@ def progress_note(metrics: dict[str, float]) -> str:
     return f"compiled {count} program{'s' if count > 1 else ''} ({metrics['compile/seconds']:.1f}s)"
 
 
-def cache_dir(backend: str | None = None) -> Path | None:
-    """Where the persistent compilation cache lives on ``backend`` (default: JAX's default
-    backend), or None when it is off there (``RAGEN_JAX_XLA_CACHE``: 1 on, 0 off; unset: on
-    except on the CPU, see the module docstring)."""
+def cache_dir() -> Path | None:
+    """Where the persistent compilation cache lives, or None when it is off
+    (``RAGEN_JAX_XLA_CACHE=0``)."""
     setting = os.environ.get("RAGEN_JAX_XLA_CACHE", "").strip().lower()
     if setting in ("0", "off", "false", "no"):
-        return None
-    if not setting and (backend or jax.default_backend()) == "cpu":
         return None
     root = os.environ.get("RAGEN_JAX_CACHE") or Path.home() / ".cache" / "ragen_jax"
     return Path(root) / "xla"

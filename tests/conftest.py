@@ -1,17 +1,24 @@
 """Every test session caches warm-starts in its own folder, never in the user's cache, shares
-compiled XLA programs between its workers and the processes they start, and compiles them fast.
+compiled XLA programs between its workers and the processes they start, compiles them fast,
+and keeps each worker's memory mappings under the kernel's limit.
 
 Many tests build the same micro model and trainer, so the same programs are compiled again and
 again; JAX's persistent compilation cache, in a folder that belongs to this test session only
 (made fresh and removed at the end, shared by its xdist workers and the processes they start),
 makes a repeat a file read. It changes no result: an entry is keyed by the program, its
-compile options and the jax/XLA version. (XLA:CPU, jax 0.10.2, segfaults about twice a
-session, in compiles as well as in the cache's serialization: a session without the cache had
-as many, in plain compiles, and took 39 minutes against 31; 6,000 compiles by three processes
-at once through one cache folder did not crash. pyproject.toml reruns a test whose worker
-crashed.)
+compile options and the jax/XLA version.
+
+XLA:CPU keeps each compiled program's machine code in its own small memory mappings (about six
+per program), and JAX keeps every program a live jitted function compiled. A worker runs
+hundreds of tests in one process and compiles thousands of programs: at the kernel's
+``vm.max_map_count`` (65,530 by default) the next compile, executable load or serialization
+fails to map memory ("LLVM compilation error: Cannot allocate memory") and the worker dies of
+a segfault or an abort. So after a test that leaves the worker above half the limit, JAX's
+caches are cleared (the programs are unmapped; later tests read them back from the persistent
+cache).
 """
 
+import gc
 import os
 import shutil
 import tempfile
@@ -60,6 +67,37 @@ def _private_warmstart_cache(tmp_path_factory):
         os.environ.pop("RAGEN_JAX_CACHE", None)
     else:
         os.environ["RAGEN_JAX_CACHE"] = old
+
+
+def _mappings() -> int | None:
+    """This process's memory mappings, or None where /proc does not tell."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return None
+
+
+def _map_limit() -> int:
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 65530
+
+
+_MAPPINGS_CLEARED_ABOVE = _map_limit() // 2
+
+
+@pytest.fixture(autouse=True)
+def _release_compiled_programs():
+    """Clears JAX's caches after a test that left this worker above half the kernel's limit on
+    memory mappings (the module docstring says why)."""
+    yield
+    n = _mappings()
+    if n is not None and n > _MAPPINGS_CLEARED_ABOVE:
+        jax.clear_caches()
+        gc.collect()
 
 
 # Files whose tests train end to end or start processes that do (a minute or more each), in

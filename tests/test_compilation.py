@@ -13,6 +13,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from ragen_jax import compilation
 from ragen_jax.compilation import CompileWatch, progress_note
@@ -44,14 +45,10 @@ def test_a_watch_counts_each_compile_once():
 def test_the_cache_folder_and_its_settings(monkeypatch, tmp_path):
     monkeypatch.setenv("RAGEN_JAX_CACHE", str(tmp_path))
     monkeypatch.delenv("RAGEN_JAX_XLA_CACHE", raising=False)
-    # On by default on accelerators, opt-in on the CPU (XLA:CPU's serialization crashes).
-    assert compilation.cache_dir("gpu") == compilation.cache_dir("tpu") == tmp_path / "xla"
-    assert compilation.cache_dir("cpu") is None
-    monkeypatch.setenv("RAGEN_JAX_XLA_CACHE", "1")
-    assert compilation.cache_dir("cpu") == tmp_path / "xla"
+    assert compilation.cache_dir() == tmp_path / "xla"  # on by default, the CPU included
     for off in ("0", "off", "false"):
         monkeypatch.setenv("RAGEN_JAX_XLA_CACHE", off)
-        assert compilation.cache_dir("gpu") is None
+        assert compilation.cache_dir() is None
     # A cache the process already has (here: the test suite's) is left as it is.
     assert compilation.enable_persistent_cache() == Path(jax.config.jax_compilation_cache_dir)
 
@@ -80,7 +77,6 @@ def test_one_cache_written_and_read_by_two_processes_at_once(tmp_path):
     the cache."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")
            and k != "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"}
-    env["RAGEN_JAX_XLA_CACHE"] = "1"
 
     def start():
         return subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], cwd=ROOT, env=env,
@@ -131,3 +127,24 @@ def test_a_multi_turn_run_compiles_nothing_after_its_first_cycle(tmp_path):
     lengths = [metrics[s]["train/FrozenLake/response_length"] for s in range(1, 13)]
     assert len(set(np.round(lengths, 3))) > 1, lengths
     json.dumps(summary)  # the summary stays plain data
+
+
+def test_clearing_jaxs_caches_unmaps_compiled_programs():
+    """The premise of tests/conftest.py's guard against the kernel's cap on a process's memory
+    mappings: XLA:CPU maps each compiled program's code, and ``jax.clear_caches()`` unmaps
+    the programs nothing else holds."""
+    import gc
+
+    from tests.conftest import _mappings
+
+    if _mappings() is None:
+        pytest.skip("no /proc/self/maps here")
+    f = jax.jit(lambda x: jnp.tanh(x * 3.0 + 2.0).sum())
+    before = _mappings()
+    for n in range(1, 101):  # a hundred programs, one per shape, all kept by ``f``
+        f(jnp.ones(n, jnp.float32))
+    grown = _mappings()
+    assert grown - before >= 100  # at least one mapping a program
+    jax.clear_caches()
+    gc.collect()
+    assert _mappings() - before < (grown - before) / 4
