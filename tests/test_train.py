@@ -482,9 +482,11 @@ def test_export_loads_in_transformers_with_the_same_greedy_actions(reference_run
         assert theirs == ours[b, : lengths[b]].tolist()
 
 
-@pytest.mark.parametrize("env", ["bandit", "frozenlake"])
-def test_export_restores_the_actor_without_envs_or_optimizers(env, reference_run, tmp_path,
+@pytest.mark.parametrize("env", ["bandit", "mixed"])
+def test_export_restores_the_actor_without_envs_or_optimizers(env, request, tmp_path,
                                                              monkeypatch):
+    """Bandit's run and the mixed run (SimpleSokoban and FrozenLake: grid envs, a JAX env's
+    and a multi-env run's config) export without building an env, a sampler or an optimizer."""
     import jax
 
     import ragen_jax.envs.registry
@@ -496,13 +498,7 @@ def test_export_restores_the_actor_without_envs_or_optimizers(env, reference_run
     from ragen_jax.models import from_pretrained
     from ragen_jax.policy import load_policy
 
-    if env == "bandit":
-        run_dir = reference_run[0]
-    else:
-        run_dir = tmp_path / "run"
-        _run(micro_config(run_dir, steps=1, env=env, extra=(
-            "--config.trainer.val_before_train=False", "--config.rollout.max_turn=2",
-            "--config.diagnostics.compute_freq=0")))
+    run_dir = request.getfixturevalue("reference_run" if env == "bandit" else "mixed_run")[0]
 
     def forbidden(*_a, **_k):
         raise AssertionError("export built an env, a sampler or an optimizer")
@@ -514,7 +510,7 @@ def test_export_restores_the_actor_without_envs_or_optimizers(env, reference_run
         monkeypatch.setattr(module, name, forbidden)
     out = export_main(["--checkpoint", str(run_dir), "--out", str(tmp_path / "hf")])
     actor, _, run, step = load_policy(run_dir)
-    assert run.env.name == env and step == (4 if env == "bandit" else 1)
+    assert run.env.name == env and step == (4 if env == "bandit" else 2)
     exported = from_pretrained(out)
     for a, b in zip(jax.tree.leaves(nnx.state(actor, nnx.Param)),
                     jax.tree.leaves(nnx.state(exported, nnx.Param)), strict=True):
@@ -590,12 +586,11 @@ run(config)
 """
 
 
-def test_sharded_run_on_8_devices_matches_one_device(tmp_path):
-    """The same step on a (2, 2, 2) mesh of simulated CPU devices and on one device (the
-    diagnostics on a mesh: tests/test_distributed.py)."""
-    single = tmp_path / "single"
-    _run(micro_config(single, steps=1, extra=("--config.trainer.val_before_train=False",
-                                              "--config.diagnostics.compute_freq=0")))
+def test_sharded_run_on_8_devices_matches_one_device(reference_run, tmp_path):
+    """The same first step on a (2, 2, 2) mesh of simulated CPU devices and on one device (the
+    reference run's: its step 1 is the same rollout and update, whatever the run's length,
+    validation and diagnostics; the diagnostics on a mesh: tests/test_distributed.py)."""
+    single, _ = reference_run
     sharded = tmp_path / "sharded"
     env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "
                "--xla_force_host_platform_device_count=8")
@@ -690,26 +685,35 @@ def test_single_turn_rows_can_come_from_their_own_mixture(tmp_path, monkeypatch)
     assert calls == [(0.3, 0, False), (1.0, 1, True)] and sizes == [(8, 0), (12, 1)]
 
 
-def test_mixed_run_trains_both_envs_in_one_batch(tmp_path, monkeypatch):
-    """configs/mixed.py on the micro model, one group of each env per step: one update on
-    both envs' rows, per-tag metrics and validation, and the inductive normaliser sees each
-    row's env."""
+@pytest.fixture(scope="module")
+def mixed_run(tmp_path_factory):
+    """configs/mixed.py (SimpleSokoban and FrozenLake) on the micro model, one group of each
+    env per step, two steps; ``(folder, summary, what normalize_batch saw each step)``."""
     import ragen_jax.train as train
 
+    out = tmp_path_factory.mktemp("mixed")
     seen = []
     real = train.normalize_batch
 
     def spy(batch, scores, tag_ids, rows, grouping, method, **kw):  # kw: valid (env errors)
-        out = real(batch, scores, tag_ids, rows, grouping, method, **kw)
-        seen.append((np.asarray(tag_ids).copy(), np.asarray(batch.scores), out.scores))
-        return out
+        normed = real(batch, scores, tag_ids, rows, grouping, method, **kw)
+        seen.append((np.asarray(tag_ids).copy(), np.asarray(batch.scores), normed.scores))
+        return normed
 
-    monkeypatch.setattr(train, "normalize_batch", spy)
-    summary = _run(micro_config(tmp_path, steps=2, env="mixed", extra=(
-        "--config.env.mix.SimpleSokoban.groups=1", "--config.env.mix.FrozenLake.groups=1",
-        "--config.rollout.max_turn=2", "--config.trainer.val_before_train=False",
-        "--config.algorithm.reward_norm_grouping=inductive",
-        "--config.algorithm.reward_norm_method=mean")))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(train, "normalize_batch", spy)
+        summary = _run(micro_config(out, steps=2, env="mixed", extra=(
+            "--config.env.mix.SimpleSokoban.groups=1", "--config.env.mix.FrozenLake.groups=1",
+            "--config.rollout.max_turn=2", "--config.trainer.val_before_train=False",
+            "--config.algorithm.reward_norm_grouping=inductive",
+            "--config.algorithm.reward_norm_method=mean")))
+    return out, summary, seen
+
+
+def test_mixed_run_trains_both_envs_in_one_batch(mixed_run):
+    """The mixed run (the fixture): one update on both envs' rows, per-tag metrics and
+    validation, and the inductive normaliser sees each row's env."""
+    tmp_path, summary, seen = mixed_run
     assert summary["step"] == 2
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
     tags = ("SimpleSokoban", "FrozenLake")
@@ -736,14 +740,35 @@ def test_mixed_run_trains_both_envs_in_one_batch(tmp_path, monkeypatch):
         ("SimpleSokoban", 123), ("SimpleSokoban", 124), ("FrozenLake", 123), ("FrozenLake", 124)]
 
 
-def test_mixed_countdown_and_sokoban_run(tmp_path):
-    """configs/mixed_countdown.py on the micro model: a one-step host env with its own rollout
-    budget next to a multi-turn JAX env, one group each, two updates with finite losses and
-    per-tag metrics."""
-    summary = _run(micro_config(tmp_path, steps=2, env="mixed_countdown", extra=(
+@pytest.fixture(scope="module")
+def countdown_mix_run(tmp_path_factory):
+    """configs/mixed_countdown.py on the micro model, one group of SimpleSokoban and one of
+    Countdown per step, and a third entry: Countdown whose every reset hangs forever (one
+    training group, no validation groups). Two steps, no warm start (the warm start of a mix
+    with host envs: the data-env mix above); ``(folder, summary)``."""
+    from ragen_jax.envs import register
+    from tests.rollout.faulty_envs import HangingCountdown
+
+    register("hanging_countdown", HangingCountdown)
+    out = tmp_path_factory.mktemp("countdown_mix")
+    c = micro_config(out, steps=2, env="mixed_countdown", extra=(
         "--config.env.mix.SimpleSokoban.groups=1", "--config.env.mix.Countdown.groups=1",
         "--config.rollout.max_turn=2", "--config.trainer.val_before_train=False",
-        "--config.diagnostics.compute_freq=0")))  # diagnosed on a mix: the test above
+        "--config.warmstart.steps=0", "--config.diagnostics.compute_freq=0"))
+    sokoban, countdown = c.env.mix
+    hanging = dict(countdown, name="hanging_countdown", tag="Hanging", val_groups=0,
+                   params=dict(countdown["params"], step_timeout=1.0))
+    c.env.mix = (dict(sokoban, val_groups=2), dict(countdown, val_groups=2), hanging)
+    c.rollout.env_groups = 3
+    return out, _run(c)
+
+
+@pytest.mark.timeout(600)  # the first to set up the run with the hanging env
+def test_mixed_countdown_and_sokoban_run(countdown_mix_run):
+    """The run's one-step host env with its own rollout budget next to a multi-turn JAX env:
+    two updates with finite losses and per-tag metrics (diagnosed on a mix: the mixed run
+    above)."""
+    tmp_path, summary = countdown_mix_run
     assert summary["step"] == 2
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
     tags = ("SimpleSokoban", "Countdown")
@@ -753,7 +778,7 @@ def test_mixed_countdown_and_sokoban_run(tmp_path):
             for name in ("success", "score", "num_turns", "response_length"):
                 assert f"train/{tag}/{name}" in m, (step, tag, name)
         assert m["train/Countdown/num_turns"] == 1.0  # the entry's own max_turn=1
-        assert m["train/batch_size"] == 8
+        assert m["train/batch_size"] == 8  # the hanging env's group left out: the test below
         for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm"):
             assert np.isfinite(m[key]), key
     for tag in tags:
@@ -782,19 +807,46 @@ def test_windowed_sokoban_preset_trains_turn_rows_and_diagnoses_first_turns(tmp_
     assert "val-env/Sokoban/success" in metrics[2]
 
 
-@pytest.mark.parametrize("env", ["game2048", "rubikscube"])
-def test_game2048_and_cube_presets_train_two_steps(env, tmp_path):
-    """configs/game2048.py and configs/rubikscube.py on the micro model, their prior from the
-    solver mixture (the cube's BFS solver, 2048's scripted baseline): two updates with finite
-    losses and the env's metrics."""
-    summary = _run(micro_config(tmp_path, steps=2, env=env, extra=(
+def mix_config(out: Path, envs: dict[str, dict], *, steps: int = 2, extra: tuple = ()):
+    """``micro_config`` over ``env.mix``: one group and one validation group of each env of
+    ``envs`` (``{config name: its own rollout fields}``), each with its own preset's params
+    and per-env rollout settings (as configs/mixed_countdown.py builds them), over those."""
+    from configs import mixed_countdown
+
+    c = micro_config(out, steps=steps, env="mixed", extra=extra)
+    entries = []
+    for name, rollout in envs.items():
+        own = importlib.import_module(f"configs.{name}").get_config("tiny")
+        entries.append(dict(name=own.env.name, tag=own.env.tag or "", groups=1, val_groups=1,
+                            params=own.env.params.to_dict(),
+                            rollout=mixed_countdown._own_rollout(own, c) | rollout))
+    c.env.mix = tuple(entries)
+    c.rollout.env_groups = c.rollout.val.env_groups = len(entries)
+    return c
+
+
+@pytest.fixture(scope="module")
+def solver_presets_run(tmp_path_factory):
+    """configs/game2048.py's and configs/rubikscube.py's envs in one mixed run on the micro
+    model, the prior from the solver mixture (the cube's BFS solver, 2048's scripted
+    baseline)."""
+    out = tmp_path_factory.mktemp("solver_presets")
+    own = {"max_turn": 2, "response_length": 24}
+    summary = _run(mix_config(out, {"game2048": own, "rubikscube": own}, extra=(
         "--config.rollout.max_turn=2", "--config.warmstart.solver_share=0.5",
+        "--config.warmstart.legal_actions=True",  # 2048's preset's: format moves change the board
         "--config.rollout.response_length=24", "--config.trainer.val_before_train=False",
         # The collapse diagnostics are the windowed Sokoban test's; here they only compile.
         "--config.diagnostics.compute_freq=0")))
+    return summary, read_jsonl(out / "metrics.jsonl")
+
+
+@pytest.mark.parametrize("tag", ["Game2048", "RubiksCube"])
+def test_game2048_and_cube_presets_train_two_steps(tag, solver_presets_run):
+    """Both envs in one run (the fixture): two updates with finite losses and each env's
+    metrics."""
+    summary, metrics = solver_presets_run
     assert summary["step"] == 2
-    metrics = read_jsonl(tmp_path / "metrics.jsonl")
-    tag = {"game2048": "Game2048", "rubikscube": "RubiksCube"}[env]
     for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", f"train/{tag}/success"):
         assert np.isfinite(metrics[1][key]), key
     assert f"val-env/{tag}/success" in metrics[2]
@@ -805,25 +857,41 @@ def _needs(module: str, extra: str) -> pytest.MarkDecorator:
                               reason=f"needs {module} (pip install 'ragen_jax[{extra}]')")
 
 
-@pytest.mark.parametrize("env,tag,max_turns,length", [
-    ("metamathqa", "MetamathQA", 3, 16), ("deepcoder", "DeepCoder", 1, 32),
-    pytest.param("search", "SearchQA", 5, 32, marks=_needs("bm25s", "search")),
-    pytest.param("textworld", "TextWorld", 3, 16, marks=_needs("textworld", "textworld")),
-    pytest.param("gem", "GuessTheNumber", 4, 16, marks=_needs("gem", "gem"))])
-def test_data_env_presets_train_two_steps(tmp_path, env, tag, max_turns, length):
+# config name, tag, max turns, response length, the module it needs (None: none)
+_DATA_ENVS = (("metamathqa", "MetamathQA", 3, 16, None), ("deepcoder", "DeepCoder", 1, 32, None),
+              ("search", "SearchQA", 5, 32, "bm25s"), ("textworld", "TextWorld", 3, 16, "textworld"),
+              ("gem", "GuessTheNumber", 4, 16, "gem"))
+
+
+@pytest.fixture(scope="module")
+def data_presets_run(tmp_path_factory):
     """configs/metamathqa.py (our 26-question sample; up to three answers per question,
     RAGEN's retries), configs/deepcoder.py (our 16-problem sample; one program each, run in
     the sandbox inside the env's worker processes: the format warm-start's and any the model
     writes), configs/search.py (our 6-question sample and 8-passage BM25 corpus; up to five
     searches and answers), configs/textworld.py (8 coin-collector games, compiled into the
     temp dir's cache on first use; up to three commands) and configs/gem.py (GEM's
-    GuessTheNumber, up to four guesses) on the micro model: two updates with finite losses, no
-    env errors. (Their validation is held out: tests/test_held_out.py.)"""
-    summary = _run(micro_config(tmp_path, steps=2, env=env, extra=(
-        f"--config.rollout.response_length={length}", "--config.trainer.val_before_train=False",
+    GuessTheNumber, up to four guesses), those whose packages are installed, in one mixed run
+    on the micro model, each with its own preset's params, turns and answer length."""
+    out = tmp_path_factory.mktemp("data_presets")
+    envs = {name: {"response_length": length} for name, _, _, length, module in _DATA_ENVS
+            if module is None or importlib.util.find_spec(module) is not None}
+    summary = _run(mix_config(out, envs, extra=(
+        "--config.rollout.response_length=32", "--config.trainer.val_before_train=False",
         "--config.diagnostics.compute_freq=0")))
+    return summary, read_jsonl(out / "metrics.jsonl")
+
+
+@pytest.mark.parametrize("tag,max_turns", [
+    ("MetamathQA", 3), ("DeepCoder", 1),
+    pytest.param("SearchQA", 5, marks=_needs("bm25s", "search")),
+    pytest.param("TextWorld", 3, marks=_needs("textworld", "textworld")),
+    pytest.param("GuessTheNumber", 4, marks=_needs("gem", "gem"))])
+def test_data_env_presets_train_two_steps(data_presets_run, tag, max_turns):
+    """Each data env of the mixed run (the fixture): two updates with finite losses, its own
+    turns, no env errors. (Their validation is held out: tests/test_held_out.py.)"""
+    summary, metrics = data_presets_run
     assert summary["step"] == 2
-    metrics = read_jsonl(tmp_path / "metrics.jsonl")
     for step in (1, 2):
         m = metrics[step]
         for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", f"train/{tag}/success"):
@@ -833,22 +901,14 @@ def test_data_env_presets_train_two_steps(tmp_path, env, tag, max_turns, length)
 
 
 @pytest.mark.timeout(600)
-def test_a_run_with_a_hanging_env_in_its_mix_finishes(tmp_path):
-    """Countdown whose every reset hangs forever, mixed with Sokoban: two steps finish, the
+def test_a_run_with_a_hanging_env_in_its_mix_finishes(countdown_mix_run):
+    """The Countdown mix's hanging entry (every reset hangs forever): two steps finish, the
     hung episodes are env errors (their workers killed), and the update trains on the rest."""
-    from ragen_jax.envs import register
-    from tests.rollout.faulty_envs import HangingCountdown
-
-    register("hanging_countdown", HangingCountdown)
-    summary = _run(micro_config(tmp_path, steps=2, env="mixed_countdown", extra=(
-        "--config.env.mix.SimpleSokoban.groups=1", "--config.env.mix.Countdown.groups=1",
-        "--config.env.mix.Countdown.name=hanging_countdown",
-        "--config.env.mix.Countdown.params.step_timeout=1.0",
-        "--config.rollout.max_turn=2", "--config.trainer.val_before_train=False",
-        "--config.warmstart.steps=0", "--config.diagnostics.compute_freq=0")))
+    tmp_path, summary = countdown_mix_run
     assert summary["step"] == 2
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
     for s in (1, 2):
-        assert metrics[s]["rollout/env_errors"] == 4  # the Countdown group's four episodes
-        assert metrics[s]["train/batch_size"] == 4  # Sokoban's group only
+        assert metrics[s]["rollout/env_errors"] == 4  # the hanging group's four episodes
+        assert metrics[s]["train/Hanging/env_error_rate"] == 1.0
+        assert metrics[s]["train/batch_size"] == 8  # Sokoban's and Countdown's groups only
         assert np.isfinite(metrics[s]["actor/pg_loss"])

@@ -275,18 +275,21 @@ def test_landlocks_signal_scope_alone_stops_the_file_owner_route(stranger):
 
 
 def test_a_deepcoder_run_whose_answers_are_the_escape_lives(tmp_path, stranger):
-    """Acceptance: a 2-step DeepCoder run (the env in its worker processes, the micro model)
-    whose every answer is the reproduction, aimed at the trainer's group or at a stranger,
-    finishes both steps; the programs fail their tests; nothing is left under the temp dir."""
+    """Acceptance: a DeepCoder run's trainer (the env in its worker processes, the micro
+    model) whose every answer is the reproduction, aimed at the trainer's group or at a
+    stranger, plays two steps' rollouts and lives on; the programs fail their tests; nothing
+    is left under the temp dir. (The update never sees the programs: the training step itself
+    is tests/test_train.py's, DeepCoder's preset in the data-env mix.)"""
     before = set(Path(tempfile.gettempdir()).glob(code_sandbox.PREFIX + "*"))
     done = subprocess.run([sys.executable, "-m", "tests.envs.escape_trainer", str(tmp_path),
                            str(stranger.pid)], cwd=ROOT, capture_output=True, text=True,
                           timeout=400, start_new_session=True)
     assert done.returncode == 0, (done.returncode, done.stdout[-1000:], done.stderr[-2000:])
-    assert json.loads(done.stdout.strip().splitlines()[-1])["step"] == 2
-    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    train = [m for m in metrics if "train/DeepCoder/success" in m]
-    assert len(train) == 2 and all(m["train/DeepCoder/success"] == 0 for m in train)
+    train = [json.loads(line) for line in done.stdout.strip().splitlines()
+             if line.startswith('{"step"')]
+    assert [m["step"] for m in train] == [1, 2]
+    assert all(m["train/DeepCoder/success"] == 0 for m in train)
+    assert all(m["rollout/num_trajectories"] == 8 for m in train)  # 2 groups x 4, all played
     assert all(m["rollout/env_errors"] == 0 for m in train)  # played, not crashed
     assert stranger.poll() is None
     assert set(Path(tempfile.gettempdir()).glob(code_sandbox.PREFIX + "*")) <= before
