@@ -162,7 +162,9 @@ def test_fifty_kills_and_restarts_leave_fds_threads_and_processes_bounded():
     this process's open file descriptors, threads and live child processes end where they
     were after the first cycle, no child is left a zombie, and a row on the killed workers
     plays on throughout, rebuilt by a replay of its whole episode each time."""
-    pool = ProcessPool(Faulty, 1, 0.2)
+    # 0.5 s: long enough that a segfaulted worker is seen dead before its step's timeout, even
+    # on a loaded 2-core machine (at 0.2 s a fresh-clone run once saw the timeout first).
+    pool = ProcessPool(Faulty, 1, 0.5)
     rows = Histories()
     killed = []
 
