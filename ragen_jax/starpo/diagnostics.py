@@ -178,9 +178,9 @@ def collapse_metrics(scores: jax.Array, true_column: jax.Array, input_ids: jax.A
             f"matched_log_prob_mean{suffix}": float(t["matched_mean"]),
             f"marginal_log_prob_mean{suffix}": float(t["marginal_mean"]),
             f"marginal_std{suffix}": std,
-            f"mi_zscore{suffix}": float(t["zscore"]),
+            f"mi_zscore{suffix}": _zscore(t["gap"], std),
             f"marginal_std_ema{suffix}": ema,
-            f"mi_zscore_ema{suffix}": float(np.mean(t["gap"] / np.float32(ema + 1e-3))),
+            f"mi_zscore_ema{suffix}": _zscore(t["gap"], ema),
         }
     n_distinct = len(np.unique(labels))
     for k, acc in zip((1, *ks), terms["retrieval"], strict=True):
@@ -190,6 +190,11 @@ def collapse_metrics(scores: jax.Array, true_column: jax.Array, input_ids: jax.A
         out[f"retrieval_chance_level{at}"] = chance
         out[f"retrieval_above_chance{at}"] = float(acc) - chance
     return out
+
+
+def _zscore(gap: np.ndarray, std: float) -> float:
+    """RAGEN's MI z-score: the mean of ``gap [n_z]`` over ``std + 1e-3``."""
+    return float(np.mean(gap / np.float32(std + 1e-3)))
 
 
 @functools.partial(jax.jit, static_argnums=(4,))
@@ -205,8 +210,7 @@ def _collapse_terms(scores: jax.Array, seq_scores: jax.Array | None, true_column
         matched, marginal = mi_terms(matrix, true_column)  # [n_z] each
         gap, std = matched - marginal, jnp.std(marginal)
         variants[suffix] = {"matched_mean": matched.mean(), "marginal_mean": marginal.mean(),
-                            "gap_mean": gap.mean(), "gap": gap, "marginal_std": std,
-                            "zscore": jnp.mean(gap / (std + 1e-3))}
+                            "gap_mean": gap.mean(), "gap": gap, "marginal_std": std}
     # Retrieval on the per-token scores: the best column equivalent to the truth against the
     # other columns; ties are broken uniformly at random (in expectation), so an input-blind
     # policy scores chance.
