@@ -857,10 +857,12 @@ def _needs(module: str, extra: str) -> pytest.MarkDecorator:
                               reason=f"needs {module} (pip install 'ragen_jax[{extra}]')")
 
 
-# config name, tag, max turns, response length, the module it needs (None: none)
-_DATA_ENVS = (("metamathqa", "MetamathQA", 3, 16, None), ("deepcoder", "DeepCoder", 1, 32, None),
-              ("search", "SearchQA", 5, 32, "bm25s"), ("textworld", "TextWorld", 3, 16, "textworld"),
-              ("gem", "GuessTheNumber", 4, 16, "gem"))
+# config name, tag, max turns, response length, the module it needs and its extra (None: none)
+_DATA_ENVS = (("metamathqa", "MetamathQA", 3, 16, None, None),
+              ("deepcoder", "DeepCoder", 1, 32, None, None),
+              ("search", "SearchQA", 5, 32, "bm25s", "search"),
+              ("textworld", "TextWorld", 3, 16, "textworld", "textworld"),
+              ("gem", "GuessTheNumber", 4, 16, "gem", "gem"))
 
 
 @pytest.fixture(scope="module")
@@ -874,7 +876,7 @@ def data_presets_run(tmp_path_factory):
     GuessTheNumber, up to four guesses), those whose packages are installed, in one mixed run
     on the micro model, each with its own preset's params, turns and answer length."""
     out = tmp_path_factory.mktemp("data_presets")
-    envs = {name: {"response_length": length} for name, _, _, length, module in _DATA_ENVS
+    envs = {name: {"response_length": length} for name, _, _, length, module, _ in _DATA_ENVS
             if module is None or importlib.util.find_spec(module) is not None}
     summary = _run(mix_config(out, envs, extra=(
         "--config.rollout.response_length=32", "--config.trainer.val_before_train=False",
@@ -883,10 +885,8 @@ def data_presets_run(tmp_path_factory):
 
 
 @pytest.mark.parametrize("tag,max_turns", [
-    ("MetamathQA", 3), ("DeepCoder", 1),
-    pytest.param("SearchQA", 5, marks=_needs("bm25s", "search")),
-    pytest.param("TextWorld", 3, marks=_needs("textworld", "textworld")),
-    pytest.param("GuessTheNumber", 4, marks=_needs("gem", "gem"))])
+    pytest.param(tag, turns, marks=() if module is None else _needs(module, extra))
+    for _, tag, turns, _, module, extra in _DATA_ENVS])
 def test_data_env_presets_train_two_steps(data_presets_run, tag, max_turns):
     """Each data env of the mixed run (the fixture): two updates with finite losses, its own
     turns, no env errors. (Their validation is held out: tests/test_held_out.py.)"""
