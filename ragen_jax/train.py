@@ -67,6 +67,8 @@ from ragen_jax.rollout.sampler import Sampler
 from ragen_jax.shapes import HighWater, update_multiple
 from ragen_jax.sharding import make_mesh
 from ragen_jax.starpo import gradient_analysis
+from ragen_jax.starpo.anchors import anchored_turns, turn_table
+from ragen_jax.starpo.estimators import NEEDS_TURNS
 from ragen_jax.starpo.filtering import ENTROPY_METRICS, filter_groups, trajectory_entropies
 from ragen_jax.starpo.normalization import normalize_batch
 from ragen_jax.starpo.rows import RowSettings, build_step_batch, calibrate_widths, gather_episodes
@@ -105,8 +107,11 @@ class Trainer:
         self.tokenizer = load_tokenizer(run.model)
         eos = stop_ids(run.model)
         # The run's envs in order (several with env.mix), each with its share of the groups.
+        # Every run records its turns' anchor states: GiGPO trains on them, and the
+        # rollout/anchored_* metrics say how often states repeat under any estimator.
         self.slots = [EnvSlot(AgentRollout(env, params, self.tokenizer, self.plan.rollout_for(spec),
-                                           tag=tag, eos_ids=eos), spec.groups, spec.val_groups)
+                                           tag=tag, eos_ids=eos, record_anchors=True),
+                              spec.groups, spec.val_groups)
                       for spec, (tag, (env, params)) in zip(
                           self.plan.envs, build_envs(run).items(), strict=True)]
         self.rollouts = {slot.tag: slot.rollout for slot in self.slots}
@@ -134,6 +139,8 @@ class Trainer:
             micro_batches=run.actor.micro_batches,
             # Sorting rows by length inside the update would move them between devices.
             long_rows_apart=run.actor.long_rows_apart and self.mesh.size == 1)
+        # GiGPO's turn table is as wide as the run's most turns: one shape for every step.
+        self.max_turns = max(self.plan.rollout_for(spec).max_turn for spec in self.plan.envs)
         self._init_state()
         # RAGEN computes the collapse diagnostics in the full context window only; a windowed
         # run's first turn saw its transcript's first prompt, so its first-turn pairs are kept.
@@ -170,6 +177,11 @@ class Trainer:
         if diagnose:
             with _timed(timings, "diagnostics"):
                 metrics |= self.monitor.measure(batch, self.policy, self.step)
+        # Every step's anchor statistics (whatever the estimator; GiGPO trains on them):
+        # groups never span processes, so each process's turns are its groups' whole.
+        turns = turn_table(batch.episodes, batch.group_ids, self.max_turns,
+                           self.run.algorithm.gigpo_similarity)
+        metrics |= anchored_turns(turns, batch.group_ids, ~batch.env_failed)
         metrics = dist.mean_metrics(metrics, summed=ROLLOUT_COUNTS)
         metrics |= self._distinct_levels(batch, "train/")
         entropies = None
@@ -198,7 +210,8 @@ class Trainer:
         rows = build_step_batch(
             batch, keep, weights, self.row_settings, group_buckets=buckets, mesh=self.mesh,
             rng=np.random.default_rng([self.run.seed, self.step, jax.process_index()]),
-            valid=every.valid, marks=self.marks)
+            valid=every.valid, marks=self.marks,
+            turns=turns if self.run.algorithm.adv_estimator in NEEDS_TURNS else None)
         if rows is None:
             return metrics | {"train/update_skipped_empty": 1.0} | timings
 

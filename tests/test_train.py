@@ -745,13 +745,15 @@ def countdown_mix_run(tmp_path_factory):
     """configs/mixed_countdown.py on the micro model, one group of SimpleSokoban and one of
     Countdown per step, and a third entry: Countdown whose every reset hangs forever (one
     training group, no validation groups). Two steps, no warm start (the warm start of a mix
-    with host envs: the data-env mix above); ``(folder, summary)``."""
+    with host envs: the data-env mix above), trained with GiGPO (per-turn advantages from the
+    JAX env's state hashes and the host env's texts, the hung episodes in no group; the
+    other estimators run in the runs above); ``(folder, summary)``."""
     from ragen_jax.envs import register
     from tests.rollout.faulty_envs import HangingCountdown
 
     register("hanging_countdown", HangingCountdown)
     out = tmp_path_factory.mktemp("countdown_mix")
-    c = micro_config(out, steps=2, env="mixed_countdown", extra=(
+    c = micro_config(out, steps=2, env="mixed_countdown", estimator="gigpo", extra=(
         "--config.env.mix.SimpleSokoban.groups=1", "--config.env.mix.Countdown.groups=1",
         "--config.rollout.max_turn=2", "--config.trainer.val_before_train=False",
         "--config.warmstart.steps=0", "--config.diagnostics.compute_freq=0"))
@@ -781,6 +783,9 @@ def test_mixed_countdown_and_sokoban_run(countdown_mix_run):
         assert m["train/batch_size"] == 8  # the hanging env's group left out: the test below
         for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm"):
             assert np.isfinite(m[key]), key
+        # GiGPO's anchor groups: every group's first turns share its reset state (Sokoban's
+        # by the state's hash, Countdown's by its text); the hung episodes count in none.
+        assert 0.5 <= m["rollout/anchored_turns"] <= 1.0 and m["rollout/anchor_group_size"] >= 1
     for tag in tags:
         assert f"val-env/{tag}/success" in metrics[2]
     val = [json.loads(x) for x in (tmp_path / "trajectories" / "val_step00002.jsonl").read_text().splitlines()]

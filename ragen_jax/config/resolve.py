@@ -120,7 +120,15 @@ def resolve(run: RunConfig) -> Resolved:
     advantages = AdvantageSettings(
         estimator=a.adv_estimator, gamma=a.gamma, lam=a.lam, norm_adv_by_std=a.norm_adv_by_std,
         bi_level_gae=a.bi_level_gae, high_level_gamma=a.high_level_gamma,
-        num_groups=run.rollout.env_groups)
+        num_groups=run.rollout.env_groups, step_gamma=a.gigpo_gamma,
+        step_weight=a.gigpo_step_weight)
+    if a.adv_estimator == "gigpo":
+        notes.append(f"GiGPO: episode advantage + {a.gigpo_step_weight:g} x step advantage "
+                     f"(step returns discounted by {a.gigpo_gamma:g} per turn; "
+                     + ("/ group std" if a.norm_adv_by_std else "no std division")
+                     + "; anchors: exact JAX states, host observation texts"
+                     + (f" at similarity >= {a.gigpo_similarity:g})" if a.gigpo_similarity < 1
+                        else ")"))
     if a.sample_unit == "turn":
         notes.append(f"training rows: one per turn (rollout.window.mode="
                      f"{run.rollout.window.mode}); actor.ppo_mini_batch_size counts turn rows")

@@ -200,12 +200,15 @@ class AlgorithmConfig:
     """The RL algorithm (``config.algorithm``): advantage estimator, PPO clipping, KL and
     entropy terms, reward normalisation."""
 
-    adv_estimator: str = "gae"  # gae (PPO, critic) | grpo | drgrpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline (RAGEN: gae)
+    adv_estimator: str = "gae"  # gae (PPO, critic) | grpo | drgrpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline | gigpo (per-turn: GRPO's episode advantage plus a step advantage among the group's turns from the same state) (RAGEN: gae)
     gamma: float = 1.0  # GAE discount (RAGEN: 1)
     lam: float = 1.0  # GAE lambda (RAGEN: 1)
     bi_level_gae: bool = False  # RAGEN's turn-then-token GAE (uses turn scores)
     high_level_gamma: float = 0.95  # bi-level GAE turn discount (RAGEN: 0.95)
-    norm_adv_by_std: bool = True  # GRPO: divide by the group std (RAGEN: True)
+    norm_adv_by_std: bool = True  # GRPO and GiGPO: divide by the group std (RAGEN: True; verl-agent's GiGPO default mode mean_norm is False)
+    gigpo_gamma: float = 0.95  # GiGPO: discount of each turn's step return over its episode's later turns (the paper's and ROLL's 0.95)
+    gigpo_step_weight: float = 1.0  # GiGPO: weight of the step advantage added to the episode advantage (verl-agent: step_advantage_w 1)
+    gigpo_similarity: float = 1.0  # GiGPO: a host env's turns whose observation texts are at least this similar (difflib ratio) share an anchor state; 1 = equal texts (verl-agent: enable_similarity False, else similarity_thresh 0.95). JAX envs compare exact states
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
     clip_low: float = 0.2  # PPO ratio clip below (RAGEN: 0.2)
     clip_high: float = 0.28  # PPO ratio clip above, clip-higher (RAGEN: 0.28)
@@ -226,6 +229,11 @@ class AlgorithmConfig:
             raise ConfigError("algorithm.bi_level_gae needs algorithm.adv_estimator=gae")
         if self.kl_coef < 0 or self.entropy_coeff < 0:
             raise ConfigError("algorithm.kl_coef and algorithm.entropy_coeff must be >= 0")
+        if not 0.0 <= self.gigpo_gamma <= 1.0:
+            raise ConfigError(f"algorithm.gigpo_gamma must be in [0, 1], got {self.gigpo_gamma}")
+        if not 0.0 < self.gigpo_similarity <= 1.0:
+            raise ConfigError(f"algorithm.gigpo_similarity must be in (0, 1], got "
+                              f"{self.gigpo_similarity}")
 
 
 @frozen

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Generic, TypeVar
 
 import jax
+import jax.numpy as jnp
 from gymnax.environments import environment
 
 TState = TypeVar("TState")
@@ -43,6 +44,16 @@ class TextEnv(environment.Environment[TState, TParams], Generic[TState, TParams]
     def level(self, state: TState) -> Any:
         """The fields of a freshly reset ``state`` that make its level (``envs.levels``: two
         episodes with equal fields play the same level). Default: the whole state."""
+        return state
+
+    def anchor(self, state: TState) -> Any:
+        """The fields of ``state`` that make it an anchor state (GiGPO's step-level groups,
+        ``starpo.advantages.gigpo``: turns that act from equal anchors are compared). Default:
+        the whole state but its step counter ``time``, so that trajectories reaching one
+        position after different numbers of steps meet there (the agent's observation shows
+        the position, not the counter; verl-agent compares observations)."""
+        if hasattr(state, "time") and hasattr(state, "replace"):
+            return state.replace(time=jnp.zeros_like(state.time))
         return state
 
     def is_truncated(self, state: Any, params: Any) -> jax.Array:

@@ -9,6 +9,8 @@ defined by a seed range is not held out. The rollout compares levels by identity
 
 * ``level_hash(env, state)``: a jittable 64-bit hash (two ``uint32`` lanes, MurmurHash3's
   mixing) of one unbatched JAX state's level fields, their sizes included;
+  ``anchor_hash(env, state)`` the same of its anchor fields (``TextEnv.anchor``: which state
+  a turn acts from, GiGPO's anchor states);
 * ``as_uint64`` / ``as_lanes``: the ids as host ``uint64`` and back to device lanes;
 * ``text_level_id(text)``: a host env's identity, BLAKE2b of its level key;
 * ``redraw_seed(seed, draw)``: the seed a host env is reset with on its ``draw``-th redraw
@@ -75,10 +77,22 @@ def level_fields(env: Any, state: Any) -> Any:
     return level(state) if level is not None else state
 
 
+def tree_hash(tree: Any) -> jax.Array:
+    """``[2] uint32``: the 64-bit hash of a pytree's leaves, their sizes included (jittable)."""
+    words = jnp.concatenate([_words(x) for x in jax.tree.leaves(tree)])
+    return jnp.stack([_murmur(words, s) for s in _SEEDS])
+
+
 def level_hash(env: Any, state: Any) -> jax.Array:
     """``[2] uint32``: the level identity of one unbatched JAX env state (jittable)."""
-    words = jnp.concatenate([_words(x) for x in jax.tree.leaves(level_fields(env, state))])
-    return jnp.stack([_murmur(words, s) for s in _SEEDS])
+    return tree_hash(level_fields(env, state))
+
+
+def anchor_hash(env: Any, state: Any) -> jax.Array:
+    """``[2] uint32``: the anchor-state identity of one unbatched JAX env state
+    (``TextEnv.anchor``; the whole state for an env without the method; jittable)."""
+    anchor = getattr(env, "anchor", None)
+    return tree_hash(anchor(state) if anchor is not None else state)
 
 
 def as_uint64(lanes: Any) -> np.ndarray:

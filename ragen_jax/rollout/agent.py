@@ -151,9 +151,11 @@ class _Timer:
         return {**self.spent, "total_s": total, "host_s": host}
 
 
-def make_driver(env: Any, env_params: Any, max_actions_per_turn: int) -> EnvDriver:
+def make_driver(env: Any, env_params: Any, max_actions_per_turn: int,
+                anchors: bool = False) -> EnvDriver:
     """The driver of ``env``: ``HostEnvDriver`` for a host env (``envs.host.family.HostEnvFamily``),
-    else ``JaxEnvDriver`` (its turn step ``max_actions_per_turn`` slots wide: one compile)."""
+    else ``JaxEnvDriver`` (its turn step ``max_actions_per_turn`` slots wide: one compile;
+    ``anchors``: it hashes each new state too, ``StepOutcome.anchors``)."""
     # Imported here: ragen_jax.envs starts JAX's backend at import, and importing
     # ragen_jax.rollout must not (launch.py reads the config before jax.distributed).
     from ragen_jax.envs.host.family import HostEnvFamily
@@ -162,7 +164,7 @@ def make_driver(env: Any, env_params: Any, max_actions_per_turn: int) -> EnvDriv
         from ragen_jax.rollout.host_driver import HostEnvDriver
 
         return HostEnvDriver(env)
-    return JaxEnvDriver(env, env_params, max_actions_per_turn)
+    return JaxEnvDriver(env, env_params, max_actions_per_turn, anchors=anchors)
 
 
 def _turn_keys(key: jax.Array, turn: int, row_ids: jax.Array) -> jax.Array:
@@ -176,11 +178,15 @@ class AgentRollout:
     ``eos_ids``: ids that end a turn besides the chat template's end-of-turn token and the
     tokenizer's eos token (a model folder's ``generation_config.json`` list; see
     ``ChatFormat``). ``config.sampling.stop_strings`` are compiled for ``tokenizer`` here, once
-    (``stop_strings.stop_automaton`` caches them per tokenizer).
+    (``stop_strings.stop_automaton`` caches them per tokenizer). ``record_anchors``: each turn
+    record gets the anchor id of the state the turn acted from (``"anchor"``: a JAX state's
+    ``envs.levels.anchor_hash``, computed on device with the step, or a host env's text id),
+    which GiGPO groups turns by (``starpo.anchors``); off, a JAX env compiles no hash.
     """
 
     def __init__(self, env: Any, env_params: Any, tokenizer: Any, config: RolloutConfig, *,
-                 tag: str | None = None, eos_ids: Sequence[int] = ()):
+                 tag: str | None = None, eos_ids: Sequence[int] = (),
+                 record_anchors: bool = False):
         self.env = env
         self.env_params = env_params
         self.tokenizer = tokenizer
@@ -190,7 +196,8 @@ class AgentRollout:
                                stop_strings=config.sampling.stop_strings)
         self.stop_strings = (stop_automaton(tokenizer, config.sampling.stop_strings)
                              if config.sampling.stop_strings else None)
-        self.driver = make_driver(env, env_params, config.max_actions_per_turn)
+        self.record_anchors = record_anchors
+        self.driver = make_driver(env, env_params, config.max_actions_per_turn, record_anchors)
         self.window = ContextWindow(self.chat, mode=config.window.mode,
                                     window_turns=config.window.turns, overlong=config.window.overlong,
                                     max_model_len=config.max_model_len,
@@ -224,14 +231,15 @@ class AgentRollout:
         sp = sampling or cfg.sampling_params()
         with timer("env_s"):
             reset = self.driver.reset(seeds[group_ids], held_out=held_out)
-        states, host, errors = reset.states, reset.host, reset.errors
-        eps = [Episode(level=int(level), redraws=int(n))
+        states, host, errors, anchors = reset.states, reset.host, reset.errors, reset.anchors
+        eps = [Episode(level=int(level), redraws=int(n),
+                       text_anchors=self.record_anchors and anchors is None)
                for level, n in zip(reset.levels, reset.redraws, strict=True)]
         for i, error in errors.items():  # a host env that failed to reset: no turn is played
             eps[i].truncated, eps[i].env_error = True, error
         cache = None
         for turn in range(1, cfg.max_turn + 1):
-            prompts = self._build_prompts(eps, host, turn)
+            prompts = self._build_prompts(eps, host, anchors, turn)
             if not prompts.chunks:
                 break
             with timer("generate_s"):
@@ -242,6 +250,7 @@ class AgentRollout:
                 states, host, outcome = self._step_envs(states, eps, prompts, parsed,
                                                         _turn_keys(k_env, turn, row_ids))
             self._record_outcomes(eps, prompts, parsed, outcome)
+            anchors = outcome.anchors
         with timer("assemble_s"):
             batch = self._assemble(eps, seeds, group_ids, gs, host)
         batch.timing = timer.summary()
@@ -264,15 +273,18 @@ class AgentRollout:
 
     # -- the phases of a turn ------------------------------------------------------------------
 
-    def _build_prompts(self, eps: list[Episode], host: Any, turn: int) -> _Prompts:
+    def _build_prompts(self, eps: list[Episode], host: Any, anchors: np.ndarray | None,
+                       turn: int) -> _Prompts:
         """Opens turn ``turn`` of every live episode, tokenises its transcript chunk and builds
         its prompt (``rollout/window.py``); an episode whose prompt plus a full response would
         exceed ``max_model_len`` (after dropping turns, with ``overlong=truncate``) ends
-        instead."""
+        instead. ``anchors [B] uint64``: the rows' anchor ids (None: each row's rendered
+        state text is its anchor, when the rollout records anchors)."""
         rows = [i for i, ep in enumerate(eps) if not ep.done]
         names, texts = {}, []
         for i in rows:
-            names[i], text = self._open_turn(eps[i], row_state(host, i), turn)
+            names[i], text = self._open_turn(eps[i], row_state(host, i), turn,
+                                             None if anchors is None else int(anchors[i]))
             texts.append(text)
         chunks = dict(zip(rows, self.chat.encode(texts), strict=True))
         prompts = self.window.prompts(eps, chunks, turn)
@@ -286,9 +298,12 @@ class AgentRollout:
                 del chunks[i]
         return _Prompts(turn, chunks, prompts, names)
 
-    def _open_turn(self, ep: Episode, state: Any, turn: int) -> tuple[tuple[str, ...], str]:
-        """Records the turn's user message (after the system message on turn 1) and returns
-        ``(the state's action names, the chunk text to insert)``."""
+    def _open_turn(self, ep: Episode, state: Any, turn: int,
+                   anchor: int | None) -> tuple[tuple[str, ...], str]:
+        """Records the turn's user message (after the system message on turn 1) and, when
+        the rollout records anchors, its anchor id (``anchor``, or the id of the rendered state
+        text when None), and returns ``(the state's action names, the chunk text to
+        insert)``."""
         cfg, ctx = self.config, self.config.context
         names = tuple(self.env.action_names_for(state))
         state_text = self.env.render_text(state)
@@ -306,6 +321,12 @@ class AgentRollout:
             chunk = self.chat.next_chunk(user, emitted_eot=ep.emitted_eot)
         ep.messages.append({"role": "user", "content": user})
         ep.turns.append({"turn": turn, "state": state_text, "prompt": chunk})
+        if self.record_anchors:
+            if anchor is None:
+                from ragen_jax.envs.levels import text_level_id  # here: it starts JAX's backend
+
+                anchor = int(text_level_id(state_text))
+            ep.turns[-1]["anchor"] = anchor
         return names, chunk
 
     def _generate(self, policy: Policy, eps: list[Episode], prompts: _Prompts, host: Any,

@@ -65,6 +65,7 @@ class Episode:
     turn_prompts: list[np.ndarray] = dataclasses.field(default_factory=list)  # per played turn: the prompt it saw
     window_start: int = 1  # the first turn the last prompt showed
     heads: dict[int, list[int]] = dataclasses.field(default_factory=dict)  # turn -> first_chunk(system, its block) ids
+    text_anchors: bool = False  # its turns' anchor ids are their state texts' (a host env), not a JAX state's hash
 
     def chunk_ids(self, turn: int) -> np.ndarray:
         """The transcript chunk inserted before a played turn's answer."""
@@ -289,7 +290,9 @@ def _trajectory_record(b: int, ep: Episode, batch: RolloutBatch, final_state: st
                        tag: str) -> dict[str, Any]:
     """Row ``b``'s record (the chat, per-turn records and outcome) for viewers and logs.
 
-    Each turn record holds ``turn``, ``state`` (the rendered env state), ``prompt`` (the
+    Each turn record holds ``turn``, ``state`` (the rendered env state), ``anchor`` (when the
+    rollout records them: the state's anchor id, ``envs.levels.anchor_hash`` of a JAX state or
+    the id of a host env's text, GiGPO's anchor states), ``prompt`` (the
     text inserted before the turn's generation: the template prefix, system message and
     first user message on turn 1, later the previous reward and the next user message),
     ``stopped`` (the answer ended with a stop id, not at the token budget), ``response``,

@@ -41,6 +41,7 @@ class StepOutcome(NamedTuple):
     truncated: np.ndarray
     success: np.ndarray
     errors: dict[int, str]  # row -> why its env failed (host envs); the episode ends there
+    anchors: np.ndarray | None = None  # [B] uint64, each row's new state's anchor id (a JAX env's ``levels.anchor_hash``); None: the rollout keys the rendered text (host envs)
 
 
 class ResetOutcome(NamedTuple):
@@ -54,6 +55,7 @@ class ResetOutcome(NamedTuple):
     errors: dict[int, str]
     levels: np.ndarray  # [N] uint64
     redraws: np.ndarray  # [N] int32
+    anchors: np.ndarray | None = None  # [N] uint64, as ``StepOutcome.anchors``
 
 
 class EnvDriver(Protocol):
@@ -130,6 +132,19 @@ def env_functions(env: Any) -> tuple[Callable, Callable]:
     return reset, step_turn
 
 
+_ANCHOR_HASHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def anchor_hashes(env: Any) -> Callable:
+    """``hashes(states[N]) -> [N, 2] uint32``: each row's ``levels.anchor_hash``, batched and
+    jitted (cached per env); the rollout records one per turn (GiGPO's anchor states)."""
+    from ragen_jax.envs import levels  # here: importing ragen_jax.envs starts JAX's backend
+
+    if env not in _ANCHOR_HASHES:
+        _ANCHOR_HASHES[env] = jax.jit(jax.vmap(lambda state: levels.anchor_hash(env, state)))
+    return _ANCHOR_HASHES[env]
+
+
 _HELD_OUT_RESETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -187,12 +202,16 @@ def row_state(states: Any, row: int) -> Any:
 
 class JaxEnvDriver:
     """A ``TextEnv`` batched on device: one jitted reset, one jitted ``step_turn`` a turn (a
-    ``lax.scan`` over the turn's action slots, ``max_actions_per_turn`` wide)."""
+    ``lax.scan`` over the turn's action slots, ``max_actions_per_turn`` wide); with
+    ``anchors``, the new states' anchor ids too (``anchor_hashes``, fetched with the step's
+    outcome)."""
 
-    def __init__(self, env: Any, env_params: Any, max_actions_per_turn: int):
+    def __init__(self, env: Any, env_params: Any, max_actions_per_turn: int,
+                 anchors: bool = False):
         self.env, self.env_params = env, env_params
         _, self._step_turn = env_functions(env)
         self._reset = held_out_reset(env)
+        self._anchors = anchor_hashes(env) if anchors else None
         self.width = int(max_actions_per_turn)
         self.held_out = jnp.zeros((0, 2), jnp.uint32)
 
@@ -209,11 +228,16 @@ class JaxEnvDriver:
         keys = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
         states, lanes, draws, stuck = self._reset(keys, self.env_params,
                                                   self.held_out if held_out else self.held_out[:0])
-        lanes, draws, stuck = jax.device_get((lanes, draws, stuck))
+        lanes, draws, stuck, host, anchors = jax.device_get(
+            (lanes, draws, stuck, states, self._anchor_lanes(states)))
         if stuck.any():
             raise levels.held_out_error(self.env.name, np.asarray(seeds)[stuck])
-        return ResetOutcome(states, jax.device_get(states), {}, levels.as_uint64(lanes),
-                            draws.astype(np.int32))
+        return ResetOutcome(states, host, {}, levels.as_uint64(lanes), draws.astype(np.int32),
+                            None if anchors is None else levels.as_uint64(anchors))
+
+    def _anchor_lanes(self, states: Any) -> jax.Array | None:
+        """``[N, 2] uint32`` anchor hashes of ``states`` (None when not recorded)."""
+        return None if self._anchors is None else self._anchors(states)
 
     def step(self, states: Any, actions: dict[int, TurnActions],
              keys: jax.Array) -> tuple[Any, Any, StepOutcome]:
@@ -223,7 +247,10 @@ class JaxEnvDriver:
         for i, a in actions.items():
             ids[i, : len(a.ids)] = a.ids
             n_act[i] = len(a.ids)
+        from ragen_jax.envs import levels
+
         result = self._step_turn(states, self.env_params, jnp.asarray(ids), jnp.asarray(n_act),
                                  keys)
-        host, *outcome = jax.device_get(result)
-        return result[0], host, StepOutcome(*outcome, errors={})
+        (host, *outcome), anchors = jax.device_get((result, self._anchor_lanes(result[0])))
+        return result[0], host, StepOutcome(
+            *outcome, errors={}, anchors=None if anchors is None else levels.as_uint64(anchors))

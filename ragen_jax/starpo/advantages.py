@@ -168,6 +168,68 @@ def reinforce_plus_plus_baseline(scores: jax.Array, group_ids: jax.Array, num_gr
     return masked_whiten(broadcast(centred, mask), mask)
 
 
+def discounted_turn_returns(rewards: jax.Array, played: jax.Array, gamma: float) -> jax.Array:
+    """Each turn's discounted return ``R_t = r_t + gamma * R_{t+1}`` over its episode's later
+    turns (GiGPO's step return, the paper's Eq. 5), from ``rewards [E, T]`` per turn; 0 on
+    turns not ``played`` (which follow the played ones).  # [E, T]"""
+    played = played.astype(jnp.float32)
+
+    def back(running, xs):
+        r, m = xs
+        g = (r + gamma * running) * m
+        return g, g
+
+    zeros = jnp.zeros(rewards.shape[0], jnp.float32)
+    _, returns = jax.lax.scan(back, zeros, (rewards.T.astype(jnp.float32), played.T),
+                              reverse=True)
+    return returns.T
+
+
+def anchor_segments(group_ids: jax.Array, anchors: jax.Array, valid: jax.Array) -> jax.Array:
+    """Each entry's anchor group, by sorting: the ``valid`` entries with equal ``group_ids [N]``
+    and ``anchors [N, 2]`` (hash lanes) share an id in ``[0, N)``; the others get ``N`` (which
+    ``segment_sum`` with ``N`` segments drops). Static shapes, no loop over entries.  # [N]"""
+    n = group_ids.shape[0]
+    group = jnp.where(valid, group_ids, jnp.iinfo(jnp.int32).max).astype(jnp.int32)
+    lanes = jnp.where(valid[:, None], anchors, 0).astype(jnp.uint32)
+    order = jnp.lexsort((lanes[:, 1], lanes[:, 0], group))  # the last key sorts first
+    g, a0, a1 = group[order], lanes[order, 0], lanes[order, 1]
+    starts = jnp.concatenate([jnp.ones(1, bool),
+                              (g[1:] != g[:-1]) | (a0[1:] != a0[:-1]) | (a1[1:] != a1[:-1])])
+    segments = jnp.zeros(n, jnp.int32).at[order].set(jnp.cumsum(starts).astype(jnp.int32) - 1)
+    return jnp.where(valid, segments, n)
+
+
+def gigpo(scores: jax.Array, group_ids: jax.Array, num_groups: int, turn_rewards: jax.Array,
+          turn_anchors: jax.Array, played: jax.Array, gamma: float = 0.95,
+          step_weight: float = 1.0, norm_by_std: bool = True, eps: float = 1e-6) -> jax.Array:
+    """GiGPO (Group-in-Group Policy Optimization, arXiv 2505.10978), per turn: the episode's
+    group advantage (``grpo`` of ``scores [E]`` in ``group_ids [E]``, Eq. 3) plus
+    ``step_weight`` times the turn's step advantage (Eq. 7-8): its discounted return
+    (``discounted_turn_returns`` of ``turn_rewards [E, T]``) against the returns of every turn
+    of its group that acted from the same anchor state (``turn_anchors [E, T, 2]``, Eq. 6):
+    ``R - mean`` (``/ (std + eps)``, unbiased std, with ``norm_by_std``). A turn whose anchor
+    no other turn of its group shares gets step advantage 0 (verl-agent: a group of one is
+    its own mean). Episodes with a negative group id (an env error ended them) and turns not
+    ``played`` are in no group and get 0.  # [E, T]"""
+    e, t = turn_rewards.shape
+    valid = played & (group_ids >= 0)[:, None]  # [E, T]
+    episode = grpo(scores, group_ids, num_groups, norm_by_std=norm_by_std, eps=eps)  # [E]
+    returns = discounted_turn_returns(turn_rewards, played, gamma).reshape(-1)  # [E * T]
+    flat = valid.reshape(-1)
+    segments = anchor_segments(jnp.repeat(group_ids, t), turn_anchors.reshape(-1, 2), flat)
+    n = e * t
+    count = jax.ops.segment_sum(jnp.ones(n, jnp.float32), segments, n)
+    mean = jax.ops.segment_sum(returns, segments, n) / jnp.maximum(count, 1.0)
+    at = jnp.minimum(segments, n - 1)  # (the invalid entries' values are masked below)
+    centred = returns - mean[at]
+    sq = jax.ops.segment_sum(jnp.square(centred) * flat, segments, n)
+    std = jnp.sqrt(sq / jnp.maximum(count - 1.0, 1.0))[at]
+    step = centred / (std + eps) if norm_by_std else centred
+    step = jnp.where(flat & (count[at] > 1), step, 0.0).reshape(e, t)
+    return jnp.where(valid, episode[:, None] + step_weight * step, 0.0)
+
+
 def broadcast(advantage: jax.Array, mask: jax.Array) -> jax.Array:
     """A per-trajectory advantage [B] on every generated token.  # [B, T]"""
     return advantage[:, None] * mask.astype(jnp.float32)

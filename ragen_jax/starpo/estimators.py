@@ -3,7 +3,9 @@
 Each estimator is a function ``(settings, inputs, values) -> (advantages [B, L], returns
 [B, L] or None)`` built from the pure pieces of ``starpo.advantages``; ``values`` are the
 critic's (``None`` for the critic-free estimators, which are the ones not in
-``NEEDS_CRITIC``). Registering a new name here makes it a valid config value.
+``NEEDS_CRITIC``). Registering a new name here makes it a valid config value. GiGPO also reads
+the rows' turns (``AdvantageInputs.turns``; the estimators in ``NEEDS_TURNS``), which the
+update's rows carry only for it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,17 @@ class AdvantageSettings:
     bi_level_gae: bool
     high_level_gamma: float
     num_groups: int  # groups of the whole (global) batch, for the group estimators
+    step_gamma: float = 0.95  # GiGPO: discount of the step returns over turns
+    step_weight: float = 1.0  # GiGPO: weight of the step advantage
+
+
+@flax.struct.dataclass
+class TurnTable:
+    """Every row's turns (``starpo.anchors.turn_table``), for the per-turn estimators."""
+
+    rewards: jax.Array  # [B, T] float32, each turn's score, 0 after the last
+    anchors: jax.Array  # [B, T, 2] uint32, the anchor id of the state each turn acted from
+    played: jax.Array  # [B, T] bool
 
 
 @flax.struct.dataclass
@@ -39,6 +52,8 @@ class AdvantageInputs:
     turn_end: jax.Array  # [B, L] float32, 1 on each turn's last sampled token
     scores: jax.Array  # [B] float32, trajectory scores
     group_ids: jax.Array  # [B] int32, global group of each row
+    turns: TurnTable | None = None  # the rows' turns (GiGPO; None for the others)
+    token_turns: jax.Array | None = None  # [B, L] int32, 1-based turn of each token (with ``turns``)
 
 
 Estimator = Callable[[AdvantageSettings, AdvantageInputs, jax.Array | None],
@@ -75,6 +90,20 @@ def _reinforce_plus_plus_baseline(s: AdvantageSettings, x: AdvantageInputs,
     return adv, adv
 
 
+def _gigpo(s: AdvantageSettings, x: AdvantageInputs, values: jax.Array | None):
+    """GiGPO's per-turn advantages (``advantages.gigpo``) on each turn's tokens."""
+    del values
+    if x.turns is None or x.token_turns is None:
+        raise ValueError("adv_estimator=gigpo needs the rows' turns (AdvantageInputs.turns and "
+                         "token_turns: starpo.rows.RowSettings.turn_table)")
+    t = x.turns
+    per_turn = adv_lib.gigpo(x.scores, x.group_ids, s.num_groups, t.rewards, t.anchors,
+                             t.played, gamma=s.step_gamma, step_weight=s.step_weight,
+                             norm_by_std=s.norm_adv_by_std)  # [B, T]
+    turn = jnp.clip(x.token_turns - 1, 0, per_turn.shape[1] - 1)
+    return jnp.take_along_axis(per_turn, turn, 1) * x.loss_mask.astype(jnp.float32), None
+
+
 ESTIMATORS: dict[str, Estimator] = {
     "gae": _gae,
     "grpo": _per_trajectory(lambda s, x: adv_lib.grpo(x.scores, x.group_ids, s.num_groups,
@@ -84,8 +113,10 @@ ESTIMATORS: dict[str, Estimator] = {
     "rloo": _per_trajectory(lambda s, x: adv_lib.rloo(x.scores, x.group_ids, s.num_groups)),
     "reinforce_plus_plus": _reinforce_plus_plus,
     "reinforce_plus_plus_baseline": _reinforce_plus_plus_baseline,
+    "gigpo": _gigpo,
 }
 NEEDS_CRITIC = frozenset({"gae"})
+NEEDS_TURNS = frozenset({"gigpo"})  # read AdvantageInputs.turns: the rows carry a turn table
 
 
 def compute_advantages(settings: AdvantageSettings, inputs: AdvantageInputs,

@@ -17,7 +17,9 @@ Read top to bottom, an iteration (``Trainer.train_step``) is:
 A row is a trajectory (``sample_unit="trajectory"``: the rollout's transcript rows) or a
 turn (``"turn"``: ``RolloutBatch.turn_samples()``, each turn's prompt then its answer, with
 every episode's score and group replicated beside them for the episode-level advantages of
-``starpo.update``). Filtering keeps or drops whole groups either way.
+``starpo.update``). Filtering keeps or drops whole groups either way. For GiGPO the trainer
+passes each process's turn table (``starpo.anchors.turn_table``), gathered with the episode
+table in ``_place``, and the rows carry each token's turn.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from ragen_jax import distributed as dist
 from ragen_jax.rollout.batch import RolloutBatch
 from ragen_jax.rollout.sampler import bucket_length
 from ragen_jax.shapes import HighWater
+from ragen_jax.starpo.anchors import TurnTable as HostTurnTable
+from ragen_jax.starpo.estimators import TurnTable
 from ragen_jax.starpo.optimizer_step import Prefixes, interleave
 from ragen_jax.starpo.update import SAMPLE_UNITS, Episodes, StepBatch
 
@@ -119,8 +123,9 @@ class _Source(NamedTuple):
     weights: np.ndarray  # [R] each row's weight
     valid: np.ndarray | None  # [R] the rows that may train (None: all)
     group_offset: int  # this process's first global group id
-    episodes: tuple[np.ndarray, np.ndarray] | None  # turn rows: every local episode's (score, group)
-    episode_index: np.ndarray | None  # turn rows: [R] each row's global episode id
+    # Turn rows or a turn table: every local episode's (score, group[, turn table])
+    episodes: tuple[np.ndarray, np.ndarray, HostTurnTable | None] | None
+    episode_index: np.ndarray | None  # [R] each row's global episode id (with ``episodes``)
 
 
 def select_rows(keep_groups: np.ndarray, group_ids: np.ndarray, multiple: int,
@@ -152,7 +157,8 @@ def turn_ends(loss_mask: np.ndarray, turn_ids: np.ndarray) -> np.ndarray:
 def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
                      settings: RowSettings, *, group_buckets: np.ndarray, mesh: Mesh,
                      rng: np.random.Generator, valid: np.ndarray | None = None,
-                     marks: HighWater | None = None) -> StepBatch | None:
+                     marks: HighWater | None = None,
+                     turns: HostTurnTable | None = None) -> StepBatch | None:
     """The update's rows of this process's rollout ``batch`` (``None`` if no process kept
     any). ``keep [G]``, ``weights [G * S]`` and ``valid [G, S]`` (None: all) are the
     filter's decisions on every process's groups (``batch`` holds this process's share,
@@ -164,9 +170,13 @@ def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
     turn rows they are in no group of the episode table either.
 
     ``marks`` (``ragen_jax.shapes.HighWater``): every width is at least the widest this run
-    has used at its place, so the update compiles a new program only for a new maximum."""
+    has used at its place, so the update compiles a new program only for a new maximum.
+
+    ``turns``: this process's episodes' turn table (``starpo.anchors.turn_table``) for the
+    per-turn estimators (GiGPO): the rows then carry their tokens' turns and their episodes,
+    and the episode table carries every process's turn tables."""
     marks = marks or HighWater()
-    src = _this_process(batch, keep, weights, valid, settings.sample_unit)
+    src = _this_process(batch, keep, weights, valid, settings.sample_unit, turns)
     prefix_lengths = (group_prefix_lengths(src.rows.input_ids, src.rows.loss_mask,
                                            src.rows.group_ids)
                       if settings.share_prefixes else None)
@@ -175,7 +185,7 @@ def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
         return None
     rows, weights, count, widths = chosen
     rows = _pad_rows(rows, count, rng)
-    tokens = _cut_tokens(src.rows, rows, weights, widths["update/width"])
+    tokens = _cut_tokens(src.rows, rows, weights, widths["update/width"], turns is not None)
     prefixes = None
     if prefix_lengths is not None:
         tokens, prefixes = _share_prefixes(src.rows, rows, tokens, prefix_lengths, widths)
@@ -192,29 +202,34 @@ def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
 
 
 def _this_process(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
-                  valid: np.ndarray | None, sample_unit: str) -> _Source:
+                  valid: np.ndarray | None, sample_unit: str,
+                  table: HostTurnTable | None = None) -> _Source:
     """This process's share of the filter's decisions, on its rows: the batch's
-    trajectories, or its turn rows (each with its episode's weight and validity)."""
+    trajectories, or its turn rows (each with its episode's weight and validity); with turn
+    rows or a turn ``table``, its episodes (and each row's) for the episode table."""
     groups = len(keep)
     part = dist.share(groups, "rollout.env_groups")
     keep = np.asarray(keep)[part]
     weights = np.asarray(weights).reshape(groups, -1)[part].reshape(-1)
     if valid is not None:
         valid = np.asarray(valid).reshape(groups, -1)[part].reshape(-1)
-    if sample_unit != "turn":
-        return _Source(batch, keep, weights, valid, part.start, None, None)
-    turns = batch.turn_samples()
     # Global episode ids: every process holds as many episodes (equal shares of groups).
     offset = jax.process_index() * batch.scores.size
     episode_groups = (batch.group_ids + part.start).astype(np.int32)
     if valid is not None:  # in no group: the estimators' segment sums drop ids below 0
         episode_groups = np.where(valid, episode_groups, -1).astype(np.int32)
+    episodes = (np.asarray(batch.scores, np.float32), episode_groups, table)
+    if sample_unit != "turn":
+        if table is None:
+            return _Source(batch, keep, weights, valid, part.start, None, None)
+        return _Source(batch, keep, weights, valid, part.start, episodes,
+                       (np.arange(batch.scores.size) + offset).astype(np.int32))
+    turns = batch.turn_samples()
     return _Source(
         rows=_TurnRows(turns, batch.scores[turns.episode]), keep=keep,
         weights=weights[turns.episode],
         valid=None if valid is None else np.asarray(valid, bool)[turns.episode],
-        group_offset=part.start,
-        episodes=(np.asarray(batch.scores, np.float32), episode_groups),
+        group_offset=part.start, episodes=episodes,
         episode_index=(turns.episode + offset).astype(np.int32))
 
 
@@ -278,10 +293,10 @@ def _pad_rows(rows: np.ndarray, count: int, rng: np.random.Generator) -> np.ndar
     return np.concatenate([rows, np.sort(rng.choice(rows, size=count - rows.size))])
 
 
-def _cut_tokens(source: Any, rows: np.ndarray, weights: np.ndarray,
-                width: int) -> dict[str, np.ndarray]:
+def _cut_tokens(source: Any, rows: np.ndarray, weights: np.ndarray, width: int,
+                with_turns: bool = False) -> dict[str, np.ndarray]:
     """The token arrays of ``rows``, cut or zero-padded to ``width``; the loss on the rows
-    of positive weight only."""
+    of positive weight only; ``with_turns``: each token's turn too (``turn_ids``)."""
 
     def cols(x):
         x = x[rows, :width]
@@ -292,7 +307,8 @@ def _cut_tokens(source: Any, rows: np.ndarray, weights: np.ndarray,
         positions=cols(source.position_ids),
         loss_mask=cols(source.loss_mask.astype(np.float32) * (weights[:, None] > 0)),
         sampler_logp=cols(source.model_logprobs), token_rewards=cols(source.token_rewards),
-        turn_end=turn_ends(cols(source.loss_mask), cols(source.turn_ids)))
+        turn_end=turn_ends(cols(source.loss_mask), cols(source.turn_ids)),
+        **({"turn_ids": cols(source.turn_ids).astype(np.int32)} if with_turns else {}))
 
 
 def _share_prefixes(source: Any, rows: np.ndarray, tokens: dict[str, np.ndarray],
@@ -316,19 +332,23 @@ def _split_width(tokens: dict[str, np.ndarray], settings: RowSettings,
 
 
 def _place(local: StepBatch, table: tuple[np.ndarray, np.ndarray] | None,
-           episodes: tuple[np.ndarray, np.ndarray] | None, mesh: Mesh) -> StepBatch:
+           episodes: tuple[np.ndarray, np.ndarray, HostTurnTable | None] | None,
+           mesh: Mesh) -> StepBatch:
     """``local`` as this process's shard of global arrays on ``mesh``, with every process's
-    prefix table (row = global group id) and episode table, replicated (processes in
-    order)."""
+    prefix table (row = global group id) and episode table (with its turn table, if any),
+    replicated (processes in order)."""
     prefixes = None
     if table is not None:
         every = dist.allgather_rows({"input_ids": table[0], "attention_mask": table[1]})
         prefixes = Prefixes(dist.replicated(every["input_ids"], mesh),
                             dist.replicated(every["attention_mask"], mesh))
     if episodes is not None:
-        every = dist.allgather_rows({"scores": episodes[0], "group_ids": episodes[1]})
-        episodes = Episodes(dist.replicated(every["scores"], mesh),
-                            dist.replicated(every["group_ids"], mesh))
+        scores, groups, turns = episodes
+        local_turns = {} if turns is None else turns._asdict()
+        every = dist.allgather_rows({"scores": scores, "group_ids": groups} | local_turns)
+        put = lambda name: dist.replicated(every[name], mesh)  # noqa: E731
+        episodes = Episodes(put("scores"), put("group_ids"), None if turns is None else
+                            TurnTable(put("rewards"), put("anchors"), put("played")))
     return jax.tree.map(lambda x: dist.global_rows(x, mesh), local).replace(
         prefixes=prefixes, episodes=episodes)
 

@@ -24,6 +24,11 @@ places the episode score on each turn sample's last token). With the full contex
 trajectory-level advantages, the turn rows' policy gradient equals the trajectory rows' under
 token-mean aggregation (the same tokens, log-probs, advantages and token count;
 ``tests/starpo/test_turn_rows.py``); sequence-mean modes weigh rows, so they differ.
+
+**Per-turn advantages** (GiGPO, ``estimators.NEEDS_TURNS``): the episode table carries every
+episode's turns (``Episodes.turns``: scores and anchor ids, ``starpo.anchors``) and the rows of
+either unit carry their episode and each token's turn; the estimator runs on the episodes'
+turns (each episode once) and every token gets its episode's turn's advantage.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from ragen_jax.starpo.estimators import (
     NEEDS_CRITIC,
     AdvantageInputs,
     AdvantageSettings,
+    TurnTable,
     compute_advantages,
 )
 from ragen_jax.starpo.losses import masked_mean
@@ -96,6 +102,7 @@ class Episodes:
 
     scores: jax.Array  # [E] float32
     group_ids: jax.Array  # [E] int32, global group ids
+    turns: TurnTable | None = None  # [E, T] every episode's turns (GiGPO; None for the others)
 
 
 @flax.struct.dataclass
@@ -120,6 +127,9 @@ class StepBatch:
     # Turn rows (``sample_unit=turn``): each row's global episode, and every episode.
     episode_index: jax.Array | None = None  # [B] int32
     episodes: Episodes | None = None  # [E], replicated
+    # GiGPO (``estimators.NEEDS_TURNS``): the 1-based turn of each token (0 on padding); rows
+    # of either unit then carry ``episode_index`` and ``episodes`` with its turn table.
+    turn_ids: jax.Array | None = None  # [B, L] int32
     # Static: all rows of each mini-batch but its longest micro-batch's worth fit in this many
     # slots (``update.long_rows_apart``); None: every micro-batch at the full width.
     short_width: int | None = flax.struct.field(pytree_node=False, default=None)
@@ -234,8 +244,19 @@ def step_advantages(settings: AdvantageSettings, batch: StepBatch, values: jax.A
                     ) -> tuple[jax.Array, jax.Array | None]:
     """``(advantages [B, L], returns or None)`` of a step's rows. Turn rows with a
     critic-free estimator: the estimator on the episodes (each once), each row then gets its
-    episode's advantage on its answer (see the module docstring)."""
+    episode's advantage on its answer (see the module docstring). With a turn table (GiGPO,
+    rows of either unit): the estimator on the episodes' turns, each turn one slot, and each
+    token gets its episode's turn's advantage (so copies of a row, padding, count once)."""
     mask = batch.loss_mask > 0
+    if batch.episodes is not None and batch.episodes.turns is not None:
+        ep, played = batch.episodes, batch.episodes.turns.played
+        turns = played.shape[1]
+        slots = jnp.broadcast_to(jnp.arange(1, turns + 1, dtype=jnp.int32), played.shape)
+        per_turn, _ = compute_advantages(settings, AdvantageInputs(
+            ep.turns.rewards, played, played.astype(jnp.float32), ep.scores, ep.group_ids,
+            turns=ep.turns, token_turns=slots))  # [E, T]
+        turn = jnp.clip(batch.turn_ids - 1, 0, turns - 1)
+        return per_turn[batch.episode_index[:, None], turn] * mask, None
     if batch.episodes is not None and settings.estimator not in NEEDS_CRITIC:
         ep = batch.episodes
         ones = jnp.ones((ep.scores.shape[0], 1), bool)
