@@ -1,0 +1,133 @@
+"""GiGPO against Dr.GRPO and bi-level GAE on the tiny presets: ``python -m experiments.studies.gigpo_compare``.
+
+For each env (``configs/sokoban.py``, ``configs/frozenlake.py``, tiny: the solver-mixture prior,
+held-out validation on 256 fixed seeds at T=0.5), each arm and seed, ``launch.py`` under the
+preset's wall budget (``learning_curves.RUNS``: 20 minutes, counted from the process start)
+into ``experiments/results/runs_gigpo/<env>-<arm>-s<seed>/``. The arms differ only in the
+advantages:
+
+* ``drgrpo``: the presets' estimator (group-centred score, ``seq-mean-token-sum``);
+* ``gigpo``: Dr.GRPO's episode part plus the step part (``norm_adv_by_std=False``, verl-agent's
+  default ``mean_norm``; the same loss aggregation as ``drgrpo``; gamma 0.95, weight 1);
+* ``bilevel_gae``: RAGEN's two-level GAE with a critic (``adv_estimator=gae``,
+  ``bi_level_gae=True``, its own defaults).
+
+The table (``experiments/results/gigpo_compare.md``, between its markers) gives per env and
+arm: validation success start -> last (mean over seeds, and each seed's), first-turn I(X;Z)
+(RAGEN V2's input dependence) first -> last, and the share of turns that found an anchor
+group (``rollout/anchored_turns``; ``anchored_later_turns``: after the first turn, which a
+group's episodes always share), mean over the run's steps: every arm logs them, so they say
+how often the states repeat whatever trains on them.
+
+    python -m experiments.studies.gigpo_compare                              # both envs, 3 arms, seeds 0 1 2
+    python -m experiments.studies.gigpo_compare --only frozenlake --seeds 0 --budget 480
+    python -m experiments.studies.gigpo_compare --summary-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from experiments.common import RESULTS
+from experiments.studies.learning_curves import RUNS, build_prior, launch, run_curves, write_table
+from ragen_jax.metrics import read_jsonl
+
+ENVS = ("sokoban", "frozenlake")
+ARMS = {
+    "drgrpo": ["--config.algorithm.adv_estimator=drgrpo"],
+    "gigpo": ["--config.algorithm.adv_estimator=gigpo", "--config.algorithm.norm_adv_by_std=False",
+              "--config.algorithm.loss_agg_mode=seq-mean-token-sum"],
+    "bilevel_gae": ["--config.algorithm.adv_estimator=gae", "--config.algorithm.bi_level_gae=True"],
+}
+ANCHORED = ("rollout/anchored_turns", "rollout/anchored_later_turns")
+MD = RESULTS / "gigpo_compare.md"
+
+
+def run_all(envs: list[str], arms: list[str], seeds: list[int], budget: float | None,
+            extra: list[str], runs: Path, workers: int) -> None:
+    """Every (env, arm, seed) run, ``workers`` at once; each env's prior built first."""
+    for env in envs:
+        build_prior(env, extra, runs)
+
+    def one(job: tuple[str, str, int]) -> None:
+        env, arm, seed = job
+        out = runs / f"{env}-{arm}-s{seed}"
+        shutil.rmtree(out, ignore_errors=True)
+        launch(env, out, [*extra, *ARMS[arm], f"--config.seed={seed}"], budget or RUNS[env],
+               runs / f"{env}-{arm}-s{seed}.log")
+
+    with ThreadPoolExecutor(workers) as pool:
+        jobs = [(e, a, s) for e in envs for a in arms for s in seeds]
+        for result in [pool.submit(one, job) for job in jobs]:
+            result.result()
+
+
+def anchored(out: Path) -> list[float]:
+    """The run's ``ANCHORED`` metrics, each averaged over its training steps."""
+    metrics = read_jsonl(out / "metrics.jsonl")
+    return [float(np.mean([m[k] for m in metrics.values() if k in m] or [np.nan]))
+            for k in ANCHORED]
+
+
+def summarize(env: str, seeds: list[int], runs: Path) -> list[str]:
+    """The table rows of ``env``, one per arm with runs."""
+    rows = []
+    for arm in ARMS:
+        outs = {s: runs / f"{env}-{arm}-s{s}" for s in seeds}
+        outs = {s: o for s, o in outs.items() if (o / "metrics.jsonl").is_file()}
+        if not outs:
+            continue
+        curves = {s: run_curves(o) for s, o in outs.items()}
+        start = np.array([c["val"][0] for c in curves.values()])
+        last = np.array([c["val"][-1] for c in curves.values()])
+        steps = np.array([c["last_step"] for c in curves.values()])
+        wall = np.array([c["wall"][-1] / 60 for c in curves.values()])
+        mi = [f"{c['mi'][0]:.2f} -> {c['mi'][-1]:.2f}" for c in curves.values() if len(c["mi"])]
+        share = np.array([anchored(o) for o in outs.values()])  # [seeds, 2]
+        per_seed = ", ".join(f"s{s}: {c['val'][0]:.3f} -> {c['val'][-1]:.3f} (step {c['steps'][-1]})"
+                             for s, c in curves.items())
+        rows.append(f"| {env} | {arm} | {len(curves)} | {steps.mean():.0f} | {wall.mean():.1f} "
+                    f"| {start.mean():.3f} -> {last.mean():.3f} | {(last - start).mean():+.3f} "
+                    f"| {per_seed} | {'; '.join(mi) or '-'} | {share[:, 0].mean():.2f} "
+                    f"| {share[:, 1].mean():.2f} |")
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--only", choices=ENVS, action="append")
+    p.add_argument("--arms", choices=list(ARMS), nargs="+", default=list(ARMS))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--budget", type=float, default=None,
+                   help="seconds per run (default: the preset's, learning_curves.RUNS)")
+    p.add_argument("--jobs", type=int, default=1, help="runs at once")
+    p.add_argument("--override", action="append", default=[], help="extra --config.x=y for every run")
+    p.add_argument("--summary-only", action="store_true", help="the table from existing runs")
+    args = p.parse_args()
+    envs = args.only or list(ENVS)
+    runs = RESULTS / "runs_gigpo"
+    runs.mkdir(parents=True, exist_ok=True)
+    if not args.summary_only:
+        run_all(envs, args.arms, args.seeds, args.budget, args.override, runs, args.jobs)
+    rows = [row for env in ENVS for row in summarize(env, args.seeds, runs)]
+    table = "\n".join([
+        "| env | arm | seeds | steps (mean) | wall min (mean) | val success start -> last (mean) "
+        "| gain (mean) | per seed | first-turn I(X;Z) nats, first -> last | anchored turns "
+        "(mean over steps) | anchored turns after the first |",
+        "|---|---|---|---|---|---|---|---|---|---|---|", *rows]) + "\n"
+    print(table)
+    if not MD.is_file():
+        MD.write_text("# GiGPO vs Dr.GRPO vs bi-level GAE, tiny presets\n\n"
+                      "`python -m experiments.studies.gigpo_compare` (see the script's docstring).\n\n"
+                      "<!-- table -->\n<!-- /table -->\n")
+    write_table(MD, table)
+    print(f"wrote {MD}")
+
+
+if __name__ == "__main__":
+    main()
