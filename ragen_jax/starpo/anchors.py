@@ -19,25 +19,19 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import numpy as np
 
 from ragen_jax.rollout.batch import Episode
-
-
-class TurnTable(NamedTuple):
-    """Every episode's turns, ``[B, T]`` (turn ``t`` of episode ``b`` at ``[b, t - 1]``)."""
-
-    rewards: np.ndarray  # [B, T] float32, each turn's score (env reward + penalty), 0 after the last
-    anchors: np.ndarray  # [B, T, 2] uint32, the anchor id of the state each turn acted from (hash lanes)
-    played: np.ndarray  # [B, T] bool, turns the episode played
+from ragen_jax.starpo.estimators import TurnTable
 
 
 def turn_table(episodes: Sequence[Episode], group_ids: np.ndarray, turns: int,
                similarity: float = 1.0) -> TurnTable:
     """The table of ``episodes`` (group ``group_ids[b]``) at width ``turns`` (at least every
-    episode's turn count); ``similarity`` as in the module docstring (1: exact ids)."""
+    episode's turn count), as host arrays: turn ``t`` of episode ``b`` at ``[b, t - 1]``, its
+    score (env reward + penalty; 0 after the last turn) and its anchor id as hash lanes;
+    ``similarity`` as in the module docstring (1: exact ids)."""
     n = len(episodes)
     most = max((len(ep.turns) for ep in episodes), default=0)
     if most > turns:

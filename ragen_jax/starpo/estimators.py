@@ -38,7 +38,8 @@ class AdvantageSettings:
 
 @flax.struct.dataclass
 class TurnTable:
-    """Every row's turns (``starpo.anchors.turn_table``), for the per-turn estimators."""
+    """Every row's turns (``starpo.anchors.turn_table`` builds it on the host), for the
+    per-turn estimators."""
 
     rewards: jax.Array  # [B, T] float32, each turn's score, 0 after the last
     anchors: jax.Array  # [B, T, 2] uint32, the anchor id of the state each turn acted from

@@ -36,7 +36,6 @@ from ragen_jax import distributed as dist
 from ragen_jax.rollout.batch import RolloutBatch
 from ragen_jax.rollout.sampler import bucket_length
 from ragen_jax.shapes import HighWater
-from ragen_jax.starpo.anchors import TurnTable as HostTurnTable
 from ragen_jax.starpo.estimators import TurnTable
 from ragen_jax.starpo.optimizer_step import Prefixes, interleave
 from ragen_jax.starpo.update import SAMPLE_UNITS, Episodes, StepBatch
@@ -124,7 +123,7 @@ class _Source(NamedTuple):
     valid: np.ndarray | None  # [R] the rows that may train (None: all)
     group_offset: int  # this process's first global group id
     # Turn rows or a turn table: every local episode's (score, group[, turn table])
-    episodes: tuple[np.ndarray, np.ndarray, HostTurnTable | None] | None
+    episodes: tuple[np.ndarray, np.ndarray, TurnTable | None] | None
     episode_index: np.ndarray | None  # [R] each row's global episode id (with ``episodes``)
 
 
@@ -158,7 +157,7 @@ def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
                      settings: RowSettings, *, group_buckets: np.ndarray, mesh: Mesh,
                      rng: np.random.Generator, valid: np.ndarray | None = None,
                      marks: HighWater | None = None,
-                     turns: HostTurnTable | None = None) -> StepBatch | None:
+                     turns: TurnTable | None = None) -> StepBatch | None:
     """The update's rows of this process's rollout ``batch`` (``None`` if no process kept
     any). ``keep [G]``, ``weights [G * S]`` and ``valid [G, S]`` (None: all) are the
     filter's decisions on every process's groups (``batch`` holds this process's share,
@@ -203,7 +202,7 @@ def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
 
 def _this_process(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
                   valid: np.ndarray | None, sample_unit: str,
-                  table: HostTurnTable | None = None) -> _Source:
+                  table: TurnTable | None = None) -> _Source:
     """This process's share of the filter's decisions, on its rows: the batch's
     trajectories, or its turn rows (each with its episode's weight and validity); with turn
     rows or a turn ``table``, its episodes (and each row's) for the episode table."""
@@ -332,7 +331,7 @@ def _split_width(tokens: dict[str, np.ndarray], settings: RowSettings,
 
 
 def _place(local: StepBatch, table: tuple[np.ndarray, np.ndarray] | None,
-           episodes: tuple[np.ndarray, np.ndarray, HostTurnTable | None] | None,
+           episodes: tuple[np.ndarray, np.ndarray, TurnTable | None] | None,
            mesh: Mesh) -> StepBatch:
     """``local`` as this process's shard of global arrays on ``mesh``, with every process's
     prefix table (row = global group id) and episode table (with its turn table, if any),
@@ -344,11 +343,12 @@ def _place(local: StepBatch, table: tuple[np.ndarray, np.ndarray] | None,
                             dist.replicated(every["attention_mask"], mesh))
     if episodes is not None:
         scores, groups, turns = episodes
-        local_turns = {} if turns is None else turns._asdict()
-        every = dist.allgather_rows({"scores": scores, "group_ids": groups} | local_turns)
-        put = lambda name: dist.replicated(every[name], mesh)  # noqa: E731
-        episodes = Episodes(put("scores"), put("group_ids"), None if turns is None else
-                            TurnTable(put("rewards"), put("anchors"), put("played")))
+        table = {} if turns is None else {"rewards": turns.rewards, "anchors": turns.anchors,
+                                          "played": turns.played}
+        every = {name: dist.replicated(x, mesh) for name, x in dist.allgather_rows(
+            {"scores": scores, "group_ids": groups} | table).items()}
+        episodes = Episodes(every["scores"], every["group_ids"], None if turns is None else
+                            TurnTable(every["rewards"], every["anchors"], every["played"]))
     return jax.tree.map(lambda x: dist.global_rows(x, mesh), local).replace(
         prefixes=prefixes, episodes=episodes)
 
