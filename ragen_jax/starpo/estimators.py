@@ -32,8 +32,8 @@ class AdvantageSettings:
     bi_level_gae: bool
     high_level_gamma: float
     num_groups: int  # groups of the whole (global) batch, for the group estimators
-    step_gamma: float = 0.95  # GiGPO: discount of the step returns over turns
-    step_weight: float = 1.0  # GiGPO: weight of the step advantage
+    step_gamma: float  # GiGPO: discount of the step returns over turns
+    step_weight: float  # GiGPO: weight of the step advantage
 
 
 @flax.struct.dataclass
@@ -96,7 +96,7 @@ def _gigpo(s: AdvantageSettings, x: AdvantageInputs, values: jax.Array | None):
     del values
     if x.turns is None or x.token_turns is None:
         raise ValueError("adv_estimator=gigpo needs the rows' turns (AdvantageInputs.turns and "
-                         "token_turns: starpo.rows.RowSettings.turn_table)")
+                         "token_turns: rows.build_step_batch(..., turns=anchors.turn_table(...)))")
     t = x.turns
     per_turn = adv_lib.gigpo(x.scores, x.group_ids, s.num_groups, t.rewards, t.anchors,
                              t.played, gamma=s.step_gamma, step_weight=s.step_weight,

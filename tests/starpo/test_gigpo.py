@@ -219,9 +219,10 @@ def rollout():
         policy, [7, 8], jax.random.key(0))
 
 
-def _settings(**kw):
+def _settings():
     return AdvantageSettings(estimator="gigpo", gamma=1.0, lam=1.0, norm_adv_by_std=True,
-                             bi_level_gae=False, high_level_gamma=0.95, num_groups=GROUPS, **kw)
+                             bi_level_gae=False, high_level_gamma=0.95, num_groups=GROUPS,
+                             step_gamma=0.95, step_weight=1.0)
 
 
 def _rows(batch, table, unit, keep=None, valid=None):

@@ -51,7 +51,8 @@ def settings(estimator="grpo", critic=False, reference=None, mini=B, recompute=F
     return StepSettings(actor=actor, critic=update_settings(lr=1e-3, entropy_coeff=0.0) if critic else None,
                         reference=reference, advantages=AdvantageSettings(
                             estimator=estimator, gamma=1.0, lam=1.0, norm_adv_by_std=True,
-                            bi_level_gae=False, high_level_gamma=0.95, num_groups=GROUPS),
+                            bi_level_gae=False, high_level_gamma=0.95, num_groups=GROUPS,
+                            step_gamma=0.95, step_weight=1.0),
                         mini_batch_size=mini, epochs=1, recompute_logprobs=recompute,
                         gradient_buckets=3)
 
