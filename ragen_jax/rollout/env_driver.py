@@ -41,7 +41,7 @@ class StepOutcome(NamedTuple):
     truncated: np.ndarray
     success: np.ndarray
     errors: dict[int, str]  # row -> why its env failed (host envs); the episode ends there
-    anchors: np.ndarray | None = None  # [B] uint64, each row's new state's anchor id (a JAX env's ``levels.anchor_hash``); None: the rollout keys the rendered text (host envs)
+    anchors: np.ndarray | None = None  # [B] uint64, each row's new state's anchor id (a JAX env's ``levels.anchor_hash``); None: not hashed (host envs: the rollout keys the rendered text)
 
 
 class ResetOutcome(NamedTuple):
@@ -241,14 +241,14 @@ class JaxEnvDriver:
 
     def step(self, states: Any, actions: dict[int, TurnActions],
              keys: jax.Array) -> tuple[Any, Any, StepOutcome]:
+        from ragen_jax.envs import levels
+
         n = keys.shape[0]
         ids = np.zeros((n, self.width), np.int32)
         n_act = np.zeros(n, np.int32)
         for i, a in actions.items():
             ids[i, : len(a.ids)] = a.ids
             n_act[i] = len(a.ids)
-        from ragen_jax.envs import levels
-
         result = self._step_turn(states, self.env_params, jnp.asarray(ids), jnp.asarray(n_act),
                                  keys)
         (host, *outcome), anchors = jax.device_get((result, self._anchor_lanes(result[0])))
