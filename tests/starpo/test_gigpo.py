@@ -35,7 +35,7 @@ def lanes(ids) -> np.ndarray:
 
 # -- the pure estimator ------------------------------------------------------------------------
 
-# Four episodes of two turns (gamma 0.5): anchors A=1, B=2, C=3, D=4; episode 1 stays in A
+# Four episodes of two turns (gamma 0.5): anchors A=1, B=2, D=4; episode 1 stays in A
 # (a push into a wall), episode 3 plays one turn, episode 4 is an env error (group -1) that
 # acted from A with a large return: it must change nothing.
 HAND = dict(
