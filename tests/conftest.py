@@ -21,6 +21,8 @@ cache).
 import gc
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import jax
@@ -38,16 +40,31 @@ _JIT_CACHE_SETTINGS = {
     # A size limit turns on the cache's file lock: no process reads an entry another is writing.
     "jax_compilation_cache_max_size": 4 << 30,
 }
-# XLA:CPU's LLVM code generation at its lowest optimisation level: compiling is most of a
-# test's time (a micro run's steps take under a second once compiled), and this level compiles
-# about a third faster. Floats can differ in their last bits from the default level's
-# (instruction choices such as fused multiply-adds), so a seed's run can take another path;
-# every comparison the tests make is between programs compiled alike, or within tolerances.
-# Set before jax starts its backend, unless XLA_FLAGS names a level; the processes tests start
-# inherit it.
+# XLA:CPU compiling fast rather than well: compiling is most of a test's time (a micro run's
+# steps take under a second once compiled). LLVM at its lowest optimisation level, and XLA's
+# older loop emitters instead of its MLIR fusion emitters: together a cold micro Bandit run
+# takes 17-18 CPU-s instead of 28-33 (either alone saves little: the emitters cost most at
+# level 0). Floats can differ in their last bits from the default build (instruction choices
+# such as fused multiply-adds), so a seed's run can take another path; every comparison the
+# tests make is between programs compiled alike, or within tolerances. Set before jax starts
+# its backend, unless XLA_FLAGS names a level; the processes tests start inherit it. XLA aborts
+# on a flag it does not know, so the emitters' flag is tried once, in a child process, where a
+# jax other than .ci/constraints.txt's might have dropped it.
+_FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+
+
+def _xla_knows(flags: str) -> bool:
+    probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"],
+                           env=dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu"),
+                           capture_output=True)
+    return probe.returncode == 0
+
+
 if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} "
-                               "--xla_backend_optimization_level=0").strip()
+    _flags = f"{os.environ.get('XLA_FLAGS', '')} {' '.join(_FAST_COMPILE)}".strip()
+    if not _xla_knows(_flags):
+        _flags = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILE[0]}".strip()
+    os.environ["XLA_FLAGS"] = _flags
 for _name, _value in _JIT_CACHE_SETTINGS.items():
     os.environ[_name.upper()] = str(_value)  # for the processes tests start
     jax.config.update(_name, _value)  # for this one (jax is imported already)
