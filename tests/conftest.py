@@ -41,16 +41,19 @@ _JIT_CACHE_SETTINGS = {
     "jax_compilation_cache_max_size": 4 << 30,
 }
 # XLA:CPU compiling fast rather than well: compiling is most of a test's time (a micro run's
-# steps take under a second once compiled). LLVM at its lowest optimisation level, and XLA's
+# steps take under a second once compiled). LLVM at its lowest optimisation level and XLA's
 # older loop emitters instead of its MLIR fusion emitters: together a cold micro Bandit run
 # takes 17-18 CPU-s instead of 28-33 (either alone saves little: the emitters cost most at
-# level 0). Floats can differ in their last bits from the default build (instruction choices
-# such as fused multiply-adds), so a seed's run can take another path; every comparison the
-# tests make is between programs compiled alike, or within tolerances. Set before jax starts
-# its backend, unless XLA_FLAGS names a level; the processes tests start inherit it. XLA aborts
-# on a flag it does not know, so the emitters' flag is tried once, in a child process, where a
-# jax other than .ci/constraints.txt's might have dropped it.
-_FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+# level 0). Each program's code generated in one piece, not split for parallel compilation
+# (the workers already fill the cores): ~14% off that run again. Floats can differ in their
+# last bits from the default build (instruction choices such as fused multiply-adds), so a
+# seed's run can take another path; every comparison the tests make is between programs
+# compiled alike, or within tolerances. Set before jax starts its backend, unless XLA_FLAGS
+# names a level; the processes tests start inherit it. XLA aborts on a flag it does not know,
+# so the flags are tried once, in a child process: a jax other than .ci/constraints.txt's may
+# have dropped the last two (then the level alone is set).
+_FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false",
+                 "--xla_cpu_parallel_codegen_split_count=1")
 
 
 def _xla_knows(flags: str) -> bool:

@@ -54,7 +54,7 @@ def one_run(out: Path, cache: Path, steps: int, base: list[str], extra: list[str
             "s = run(load_config(sys.argv[1:]))\nprint('SUMMARY', json.dumps(s))")
     args = [*base, f"--config.trainer.output_dir={out}", f"--config.trainer.total_steps={steps}",
             *extra]
-    # (on the CPU the persistent cache is opt-in: ragen_jax.compilation)
+    # The persistent cache on even where the caller's environment turns it off: run 2 reads it.
     env = dict(os.environ, RAGEN_JAX_CACHE=str(cache), RAGEN_JAX_XLA_CACHE="1", PYTHONPATH=str(ROOT))
     done = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env,
                           capture_output=True, text=True)
