@@ -116,7 +116,8 @@ class Trainer:
                           self.plan.envs, build_envs(run).items(), strict=True)]
         self.rollouts = {slot.tag: slot.rollout for slot in self.slots}
         # Validation is held out by level, not by seed: training and the prior's data skip
-        # every level a validation env plays (small generators repeat levels across seeds).
+        # every level a validation env plays (small generators repeat levels across seeds),
+        # and Sokoban every validation room (envs.levels.holdout_hash).
         self.held_out = (validation_levels(self.slots, self.plan.rollout)
                          if run.rollout.val.held_out else np.zeros(0, np.uint64))
         for slot in self.slots:

@@ -80,9 +80,9 @@ def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutCon
     ``observation_rows``, when given, receives the same episodes' ``turn_observation_rows``
     (each starting with the system message when ``system_rows``). ``group_size`` > 0 sets the
     episodes per level instead (1: every episode on a level of its own, for data whose policy
-    needs no balanced opening, e.g. the solver's rows). ``held_out``: level ids
-    (``envs.levels``) the data never plays (the run's validation levels): a seed drawing one
-    is drawn again.
+    needs no balanced opening, e.g. the solver's rows). ``held_out``: held-out ids
+    (``envs.levels.holdout_hash``: levels, Sokoban's rooms) the data never plays (the run's
+    validation levels'): a seed drawing one is drawn again.
     """
     rollout = AgentRollout(env, env_params, tokenizer, config)
     if held_out is not None:
@@ -90,8 +90,7 @@ def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutCon
     _, first = rollout.reset_envs(np.zeros(1, np.int64))
     n_actions = max(1, len(env.action_names_for(row_state(first, 0))))  # free text: 0 names
     size = group_size or n_actions
-    groups = max(1, episodes // size)
-    group_seeds = 2**30 + seed * 100_003 + np.arange(groups)  # far from train/val seeds
+    group_seeds = data_seeds(episodes, size, seed)
     if solver_share > 0:
         policy = SolverMixturePolicy(env, env_params, tokenizer, config.context, seed,
                                      solver_share=solver_share)
@@ -109,6 +108,13 @@ def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutCon
     return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
             "position_ids": batch.position_ids, "loss_mask": batch.loss_mask,
             "group_ids": batch.group_ids}
+
+
+def data_seeds(episodes: int, size: int, seed: int) -> np.ndarray:
+    """The group seeds of ``warmstart_data``'s ``episodes`` episodes in groups of ``size``
+    (at least one group): a range of warm-start seed ``seed``'s own, far from the training and
+    validation seeds."""
+    return 2**30 + seed * 100_003 + np.arange(max(1, episodes // size))
 
 
 def turn_observation_rows(episodes: Sequence[Episode], chat: ChatFormat, *,
@@ -198,7 +204,7 @@ def cache_inputs(run: RunConfig, rollout: RolloutConfig, seed: int, vocab: dict[
 
     ``rollout`` is the run's rollout settings (``Resolved.rollout``), ``seed`` the warm
     start's (``WarmstartConfig.seed_for``), ``vocab`` the tokenizer's, ``held_out`` the
-    validation level ids the data skips. Left out, because they change no warm-start data or
+    validation levels' held-out ids the data skips. Left out, because they change no warm-start data or
     step: RL's sampling (the scripted policies sample nothing), batch shape (``env_groups``,
     ``group_size``), context window and score placement (the data is the whole transcript:
     ``tests/test_sft.py`` checks it is the same), validation settings (only through the

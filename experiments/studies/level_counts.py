@@ -10,8 +10,9 @@ lower bound that is tight when most levels were seen); then the presets' 256 val
 (``rollout.val.seed + i``): how many distinct levels they are, and how many of them a training
 range of ``--draws`` seeds would replay without holding out (the seed ranges are disjoint, the
 levels are not). Last, for the JAX envs, the cost of holding out on device: one jitted reset of
-``--batch`` envs with the 256 validation levels held out, against the same reset with none
-(warm calls, best of ``--repeats``), and the share of rows drawn again.
+``--batch`` envs with the 256 validation levels held out (Sokoban: their rooms), against the
+same reset with none (warm calls, best of ``--repeats``), and the share of rows drawn again.
+``experiments.studies.holdout_rooms`` compares Sokoban's two rules.
 """
 
 from __future__ import annotations
@@ -92,14 +93,15 @@ def main() -> None:
         host = isinstance(driver, HostEnvDriver)
         n = args.host_draws if host else args.draws
         train = driver.reset(TRAIN_SEED + np.arange(n), held_out=False).levels
-        val = driver.reset(VAL_SEED + np.arange(args.val), held_out=False).levels
+        val_reset = driver.reset(VAL_SEED + np.arange(args.val), held_out=False)
+        val = val_reset.levels
         replayed = np.isin(val, train)
         rows.append(f"| {tag} | {len(np.unique(train))} of {n} | {chao1(train):,.0f} | "
                     f"{len(np.unique(val))} of {args.val} | {int(replayed.sum())} "
                     f"({len(np.unique(val[replayed]))} distinct) |")
         print(rows[-1], flush=True)
         if not host and name != "bandit":
-            plain, held, share = reset_cost(driver, val, args.batch, args.repeats)
+            plain, held, share = reset_cost(driver, val_reset.holdout, args.batch, args.repeats)
             costs.append(f"| {tag} | {args.batch} | {1e3 * plain:.1f} | {1e3 * held:.1f} | "
                          f"{held / plain:.2f}x | {share:.1%} |")
             print(costs[-1], flush=True)
@@ -116,7 +118,8 @@ def main() -> None:
         *rows,
         "",
         "Holding the validation levels out on device (a jitted reset that draws a held-out "
-        "level again, ``env_driver.held_out_reset``), best of "
+        "level, or Sokoban a level in a validation room, again, ``env_driver.held_out_reset``), "
+        "best of "
         f"{args.repeats}:",
         "",
         "| env | envs | reset ms, none held out | reset ms, validation held out | ratio | rows drawn again |",

@@ -56,6 +56,14 @@ class TextEnv(environment.Environment[TState, TParams], Generic[TState, TParams]
             return state.replace(time=jnp.zeros_like(state.time))
         return state
 
+    def holdout_fields(self, state: TState) -> Any:
+        """The fields of a freshly reset ``state`` that validation holds out (``envs.levels``:
+        no training level shares them with a validation level). Default: the level. An env
+        whose episodes can pass through another level's starting state names something they
+        never change instead (Sokoban: the room), so no training episode reaches a validation
+        level's start."""
+        return self.level(state)
+
     def is_truncated(self, state: Any, params: Any) -> jax.Array:
         return state.time >= params.max_steps
 

@@ -5,19 +5,29 @@ map, start and goal; Bandit's arm pair and order (``TextEnv.level``); a host env
 observation text (``HostEnv.level_key`` may name something else). Seeds are not levels: small
 generators repeat levels often (Sokoban 6x6 with one box gives ~245 distinct levels from 256
 seeds, and a supervised prior's few thousand levels met ~40% of them), so a validation set
-defined by a seed range is not held out. The rollout compares levels by identity instead:
+defined by a seed range is not held out. The rollout compares levels by identity instead.
+
+What validation holds out is an env's choice (``TextEnv.holdout_fields``), made once in the
+env: by default the level, but where an episode can walk from one level's start into another
+level's starting state, something coarser that no episode changes. Sokoban holds out its room
+(walls and targets): a training episode in a validation level's room can push its way onto that
+level's starting board, one in another room never can. So:
 
 * ``level_hash(env, state)``: a jittable 64-bit hash (two ``uint32`` lanes, MurmurHash3's
   mixing) of one unbatched JAX state's level fields, their sizes included;
   ``anchor_hash(env, state)`` the same of its anchor fields (``TextEnv.anchor``: which state
   a turn acts from, GiGPO's anchor states);
+* ``holdout_hash(env, state)``: the same hash of the fields validation holds out (the ids
+  ``EnvDriver.hold_out`` compares; equal to ``level_hash`` where they are the level's);
 * ``as_uint64`` / ``as_lanes``: the ids as host ``uint64`` and back to device lanes;
-* ``text_level_id(text)``: a host env's identity, BLAKE2b of its level key;
+* ``text_level_id(text)``: a host env's identity, BLAKE2b of its level key (a host env holds
+  out its level);
 * ``redraw_seed(seed, draw)``: the seed a host env is reset with on its ``draw``-th redraw
   (a JAX env folds the draw into its key instead, ``env_driver.held_out_reset``).
 
 A hash collision only makes the rollout skip a level that was not in the validation set (a
 validation level always hashes to its own id); with 64 bits it does not happen in practice.
+Level ids and held-out ids hash different fields and are never compared with each other.
 """
 
 from __future__ import annotations
@@ -95,6 +105,12 @@ def anchor_hash(env: Any, state: Any) -> jax.Array:
     return tree_hash(anchor(state) if anchor is not None else state)
 
 
+def holdout_hash(env: Any, state: Any) -> jax.Array:
+    """``[2] uint32``: the identity of what validation holds out of one unbatched JAX env
+    state, ``holdout_fields`` (jittable): Sokoban's room, other envs' level."""
+    return tree_hash(holdout_fields(env, state))
+
+
 def as_uint64(lanes: Any) -> np.ndarray:
     """``[..., 2] uint32`` hash lanes as ``[...] uint64`` ids."""
     lanes = np.asarray(lanes, np.uint64)
@@ -126,9 +142,10 @@ class HeldOutError(RuntimeError):
 
 
 def held_out_error(name: str, seeds: Any) -> HeldOutError:
-    """The error for ``seeds`` whose every one of ``MAX_DRAWS`` draws was a validation level."""
+    """The error for ``seeds`` whose every one of ``MAX_DRAWS`` draws was held out."""
     seeds = [int(s) for s in np.asarray(seeds).reshape(-1)]
     return HeldOutError(
         f"env {name}: {MAX_DRAWS} draws from seed {seeds[0]} (and {len(seeds) - 1} more) were all "
-        f"validation levels: the generator yields too few distinct levels to hold validation "
-        f"out (set rollout.val.held_out=False to validate on training levels)")
+        f"held out (validation levels, or for Sokoban their rooms): the generator yields too few "
+        f"distinct levels to hold validation out (set rollout.val.held_out=False to validate on "
+        f"training levels)")

@@ -263,13 +263,20 @@ class AgentRollout:
         return reset.states, reset.host
 
     def hold_out(self, ids: np.ndarray) -> None:
-        """Every later reset skips the levels ``ids`` (``EnvDriver.hold_out``)."""
+        """Every later reset skips the levels whose held-out id is in ``ids`` (``holdout_ids``,
+        ``EnvDriver.hold_out``)."""
         self.driver.hold_out(ids)
 
     def level_ids(self, seeds: Sequence[int] | np.ndarray, *, held_out: bool = True) -> np.ndarray:
         """``[N] uint64``: the level id of each seed's reset (after any held-out redraws if
         ``held_out``; 0 where a host env's reset failed)."""
         return self.driver.reset(seeds, held_out=held_out).levels
+
+    def holdout_ids(self, seeds: Sequence[int] | np.ndarray, *, held_out: bool = True) -> np.ndarray:
+        """``[N] uint64``: the held-out id of each seed's reset (``envs.levels.holdout_hash``:
+        the level's, or the room's for Sokoban), what ``hold_out`` takes; otherwise as
+        ``level_ids``."""
+        return self.driver.reset(seeds, held_out=held_out).holdout
 
     # -- the phases of a turn ------------------------------------------------------------------
 

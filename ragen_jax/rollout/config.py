@@ -85,7 +85,7 @@ class ValidationConfig:
     group_size: int = 1  # validation group size (RAGEN: 1)
     temperature: float = 0.5  # validation sampling temperature (RAGEN: val_kwargs.temperature 0.5)
     seed: int = 123  # first validation group seed (RAGEN: 123)
-    held_out: bool = True  # training and warm-start data skip every validation level (by level identity, envs.levels); False: validation may replay training levels (RAGEN: seeds only)
+    held_out: bool = True  # training and warm-start data skip every validation level (by level identity, envs.levels; Sokoban: every validation room); False: validation may replay training levels (RAGEN: seeds only)
 
     def __post_init__(self):
         for name in ("env_groups", "group_size"):

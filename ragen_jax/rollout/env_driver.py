@@ -47,24 +47,27 @@ class StepOutcome(NamedTuple):
 class ResetOutcome(NamedTuple):
     """A batch reset: ``row_state(host, b)`` is row ``b``'s state for rendering and policies;
     ``errors`` maps a row whose reset failed to the reason (its episode ends before it starts);
-    ``levels`` are the rows' level ids (``envs.levels``; 0 for a failed reset) and ``redraws``
-    how many times each row's level was drawn again because it was a held-out one."""
+    ``levels`` are the rows' level ids (``envs.levels``; 0 for a failed reset), ``holdout``
+    the ids of what validation holds out (``envs.levels.holdout_hash``: the ids ``hold_out``
+    takes; the level ids except where the env holds out something else, Sokoban's room) and
+    ``redraws`` how many times each row's level was drawn again because it was held out."""
 
     states: Any
     host: Any
     errors: dict[int, str]
     levels: np.ndarray  # [N] uint64
     redraws: np.ndarray  # [N] int32
+    holdout: np.ndarray  # [N] uint64, what validation holds out (``levels.holdout_hash``)
     anchors: np.ndarray | None = None  # [N] uint64, as ``StepOutcome.anchors``
 
 
 class EnvDriver(Protocol):
     """Resets and steps one batch of envs (one row per episode).
 
-    ``hold_out(ids)`` makes later resets skip the levels in ``ids`` (the run's validation
-    levels, for training and prior data; a validation reset passes ``held_out=False``): a seed
-    whose level is one of them is drawn again (deterministically, so a group's rows still share
-    a level) until it is not."""
+    ``hold_out(ids)`` makes later resets skip the levels whose held-out id
+    (``ResetOutcome.holdout``) is in ``ids`` (the run's validation levels' ids, for training and
+    prior data; a validation reset passes ``held_out=False``): a seed drawing one is drawn
+    again (deterministically, so a group's rows still share a level) until it does not."""
 
     def hold_out(self, ids: np.ndarray) -> None:
         ...
@@ -149,12 +152,13 @@ _HELD_OUT_RESETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def held_out_reset(env: Any) -> Callable:
-    """``reset(keys[N], params, held_out[M, 2]) -> (states, level lanes[N, 2], redraws[N],
-    stuck[N])`` for ``env``, batched and jitted (cached per env): each row reset from its key,
-    then, while its level is one of ``held_out`` (``envs.levels.level_hash`` lanes), from its
-    key folded with the redraw count, at most ``levels.MAX_DRAWS`` times (``stuck``: still
-    held out after them). Draw 0 is the plain reset, so levels that are not held out are
-    exactly ``env_functions``' levels; with no held-out level the loop never runs."""
+    """``reset(keys[N], params, held_out[M, 2]) -> (states, level lanes[N, 2], held-out lanes
+    [N, 2], redraws[N], stuck[N])`` for ``env``, batched and jitted (cached per env): each row
+    reset from its key, then, while its held-out id (``envs.levels.holdout_hash`` lanes) is one
+    of ``held_out``, from its key folded with the redraw count, at most ``levels.MAX_DRAWS``
+    times (``stuck``: still held out after them). Draw 0 is the plain reset, so levels that are
+    not held out are exactly ``env_functions``' levels; with no held-out id the loop never
+    runs. The level lanes (``levels.level_hash``) are hashed once, of the level drawn."""
     from ragen_jax.envs import levels  # here: importing ragen_jax.envs starts JAX's backend
 
     if env in _HELD_OUT_RESETS:
@@ -170,7 +174,7 @@ def held_out_reset(env: Any) -> Callable:
                              jax.random.key_data(jax.random.fold_in(key, i)))
             _, state = env.reset_env(jax.random.wrap_key_data(data, impl=jax.random.key_impl(key)),
                                      params)
-            return i + 1, state, levels.level_hash(env, state)
+            return i + 1, state, levels.holdout_hash(env, state)
 
         def again(carry):
             i, _, lanes = carry
@@ -180,7 +184,7 @@ def held_out_reset(env: Any) -> Callable:
         blank = jax.tree.map(_blank, jax.eval_shape(lambda: env.reset_env(key, params)[1]))
         i, state, lanes = jax.lax.while_loop(again, draw, (jnp.int32(0), blank,
                                                           jnp.zeros(2, jnp.uint32)))
-        return state, lanes, i - 1, is_held_out(lanes)
+        return state, levels.level_hash(env, state), lanes, i - 1, is_held_out(lanes)
 
     fn = jax.jit(jax.vmap(one, in_axes=(0, None, None)))
     _HELD_OUT_RESETS[env] = fn
@@ -226,13 +230,14 @@ class JaxEnvDriver:
         from ragen_jax.envs import levels
 
         keys = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
-        states, lanes, draws, stuck = self._reset(keys, self.env_params,
-                                                  self.held_out if held_out else self.held_out[:0])
-        lanes, draws, stuck, host, anchors = jax.device_get(
-            (lanes, draws, stuck, states, self._anchor_lanes(states)))
+        states, level, holdout, draws, stuck = self._reset(
+            keys, self.env_params, self.held_out if held_out else self.held_out[:0])
+        level, holdout, draws, stuck, host, anchors = jax.device_get(
+            (level, holdout, draws, stuck, states, self._anchor_lanes(states)))
         if stuck.any():
             raise levels.held_out_error(self.env.name, np.asarray(seeds)[stuck])
-        return ResetOutcome(states, host, {}, levels.as_uint64(lanes), draws.astype(np.int32),
+        return ResetOutcome(states, host, {}, levels.as_uint64(level), draws.astype(np.int32),
+                            levels.as_uint64(holdout),
                             None if anchors is None else levels.as_uint64(anchors))
 
     def _anchor_lanes(self, states: Any) -> jax.Array | None:

@@ -316,7 +316,7 @@ class HostEnvDriver:
                 break
         if rows:
             raise levels.held_out_error(self.family.name, [seeds[b] for b in rows])
-        return ResetOutcome(states, states, errors, ids, redraws)
+        return ResetOutcome(states, states, errors, ids, redraws, holdout=ids)  # held out by level
 
     def step(self, states: Any, actions: dict[int, TurnActions],
              keys: jax.Array) -> tuple[Any, Any, StepOutcome]:

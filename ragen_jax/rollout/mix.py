@@ -92,9 +92,10 @@ def collect_val(slots: Sequence[EnvSlot], policy: Any, config: RolloutConfig,
 
 
 def validation_levels(slots: Sequence[EnvSlot], config: RolloutConfig) -> np.ndarray:
-    """``[N] uint64``: the distinct level ids of every slot's validation levels (the seeds
-    ``collect_val`` plays): what the training stream and the prior's data hold out."""
-    ids = [slot.rollout.level_ids(config.val.seed + np.arange(slot.val_groups), held_out=False)
+    """``[N] uint64``: the distinct held-out ids (``AgentRollout.holdout_ids``: the level, or
+    Sokoban's room) of every slot's validation levels (the seeds ``collect_val`` plays): what
+    the training stream and the prior's data hold out."""
+    ids = [slot.rollout.holdout_ids(config.val.seed + np.arange(slot.val_groups), held_out=False)
            for slot in slots if slot.val_groups]
     ids = np.concatenate(ids) if ids else np.zeros(0, np.uint64)
     return np.unique(ids[ids != 0])

@@ -1,5 +1,6 @@
 """Level identity (``envs.levels``) and held-out validation: a training or prior-data reset
-never plays a validation level, compared by the levels' states themselves, not their hashes."""
+never plays a validation level (nor, for Sokoban, a validation room), compared by the levels'
+states themselves, not their hashes."""
 
 import jax
 import jax.numpy as jnp
@@ -22,9 +23,11 @@ VAL = 123 + np.arange(256)  # the presets' validation seeds
 TRAIN = 2**30 + np.arange(256)  # the warm-start data's seed range (one shape: one compile)
 
 
-def exact_levels(env, host, n: int) -> list[bytes]:
-    """Each row's level fields as bytes: the ground truth the hashes are checked against."""
-    return [b"".join(np.asarray(x).tobytes() for x in jax.tree.leaves(env.level(row_state(host, b))))
+def exact_levels(env, host, n: int, fields=None) -> list[bytes]:
+    """Each row's level fields (or ``fields(state)``, e.g. ``env.holdout_fields``) as bytes:
+    the ground truth the hashes are checked against."""
+    fields = fields or env.level
+    return [b"".join(np.asarray(x).tobytes() for x in jax.tree.leaves(fields(row_state(host, b))))
             for b in range(n)]
 
 
@@ -37,27 +40,40 @@ def jax_env(request):
 def test_level_ids_partition_levels_exactly_as_their_states_do(jax_env):
     name, env, params = jax_env
     out = JaxEnvDriver(env, params, 1).reset(np.arange(256))
-    exact = exact_levels(env, out.host, 256)
-    by_id = {}
-    for level_id, key in zip(out.levels.tolist(), exact, strict=True):
-        assert by_id.setdefault(level_id, key) == key, f"{name}: two levels share an id"
-    assert len(by_id) == len(set(exact))
-    assert len(set(exact)) < 256 or name != "frozenlake-4"  # FrozenLake 4x4 repeats maps
+    distinct = {}
+    for ids, fields in ((out.levels, env.level), (out.holdout, env.holdout_fields)):
+        exact = exact_levels(env, out.host, 256, fields)
+        by_id = {}
+        for level_id, key in zip(ids.tolist(), exact, strict=True):
+            assert by_id.setdefault(level_id, key) == key, f"{name}: two levels share an id"
+        assert len(by_id) == len(set(exact))
+        distinct[fields.__name__] = len(by_id)
+    assert distinct["level"] < 256 or name != "frozenlake-4"  # FrozenLake 4x4 repeats maps
+    if name.startswith("sokoban"):  # held out by room: coarser than the level
+        assert distinct["holdout_fields"] <= distinct["level"]
+        assert distinct["holdout_fields"] < distinct["level"] or name != "sokoban-6x6-1"
+    else:
+        np.testing.assert_array_equal(out.holdout, out.levels)
 
 
 def test_held_out_resets_never_play_a_validation_level(jax_env):
+    """Nor, for Sokoban, a validation level's room (what it holds out)."""
     name, env, params = jax_env
     driver = JaxEnvDriver(env, params, 1)
     val = driver.reset(VAL)
     plain = driver.reset(TRAIN)
-    val_keys = set(exact_levels(env, val.host, len(VAL)))
-    seen = np.array([k in val_keys for k in exact_levels(env, plain.host, len(TRAIN))])
+    val_keys = set(exact_levels(env, val.host, len(VAL), env.holdout_fields))
+    seen = np.array([k in val_keys for k in exact_levels(env, plain.host, len(TRAIN),
+                                                         env.holdout_fields)])
     if name in ("sokoban-6x6-1", "frozenlake-4"):  # small generators: seed ranges overlap
         assert seen.sum() > 3, f"{name}: expected validation levels among training seeds"
-    driver.hold_out(val.levels)
+    driver.hold_out(val.holdout)
     held = driver.reset(TRAIN)
-    assert not any(k in val_keys for k in exact_levels(env, held.host, len(TRAIN)))
-    # Exactly the rows that met a validation level were drawn again; the others are unchanged.
+    assert not any(k in val_keys for k in exact_levels(env, held.host, len(TRAIN),
+                                                       env.holdout_fields))
+    assert not (set(exact_levels(env, val.host, len(VAL)))
+                & set(exact_levels(env, held.host, len(TRAIN))))
+    # Exactly the rows that met a held-out one were drawn again; the others are unchanged.
     np.testing.assert_array_equal(held.redraws > 0, seen)
     np.testing.assert_array_equal(held.levels[~seen], plain.levels[~seen])
     # Validation itself still plays its own levels.
@@ -69,7 +85,7 @@ def test_a_redrawn_group_still_shares_one_level():
     env, params = make(name, **params)
     driver = JaxEnvDriver(env, params, 1)
     plain = driver.reset(TRAIN)
-    driver.hold_out(driver.reset(VAL).levels)
+    driver.hold_out(driver.reset(VAL).holdout)
     rows = driver.reset(np.repeat(TRAIN[:64], 4))
     assert (rows.redraws > 0).any()
     np.testing.assert_array_equal(rows.levels.reshape(64, 4), np.repeat(rows.levels[::4, None], 4, 1))
@@ -79,7 +95,7 @@ def test_a_redrawn_group_still_shares_one_level():
 def test_a_generator_too_small_to_hold_out_is_a_clear_error():
     env, params = make("bandit", split="train")
     driver = JaxEnvDriver(env, params, 1)
-    driver.hold_out(driver.reset(np.arange(256)).levels)  # every pair and order
+    driver.hold_out(driver.reset(np.arange(256)).holdout)  # every pair and order
     with pytest.raises(levels.HeldOutError, match="rollout.val.held_out=False"):
         driver.reset(1000 + np.arange(8))
 
@@ -137,12 +153,12 @@ def test_host_env_resets_never_play_a_validation_level(name, params, puzzle):
     val, val_puzzles = played(VAL)
     plain, plain_puzzles = played(TRAIN)
     seen = np.array([p in set(val_puzzles) for p in plain_puzzles])
-    driver.hold_out(val.levels)
+    driver.hold_out(val.holdout)
     held, held_puzzles = played(TRAIN)
     assert not set(held_puzzles) & set(val_puzzles)
     np.testing.assert_array_equal(held.redraws > 0, seen)
     in_workers = HostEnvDriver(make(name, **params)[0])
-    in_workers.hold_out(val.levels)
+    in_workers.hold_out(val.holdout)
     out = in_workers.reset(TRAIN)
     np.testing.assert_array_equal(out.levels, held.levels)
     np.testing.assert_array_equal(out.redraws, held.redraws)

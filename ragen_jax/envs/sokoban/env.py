@@ -199,6 +199,13 @@ class Sokoban(TextEnv[EnvState, EnvParams]):
         """Room, boxes and player (the rest follows from them)."""
         return state.room_fixed, state.boxes, state.player
 
+    def holdout_fields(self, state: EnvState) -> jax.Array:
+        """The room (walls and targets, ``[H, W]``): the board shows boxes and player, not
+        where the episode started, so a training level in a validation level's room could push
+        its way onto that level's starting board (the tiny preset's prior did, on 68 of 245);
+        ``step_env`` never changes the room, so an episode in another room never can."""
+        return state.room_fixed
+
     def get_obs(self, state: EnvState, params: EnvParams | None = None, key=None) -> jax.Array:
         """RAGEN's room codes: 0 wall, 1 floor, 2 target, 3 box on target, 4 box, 5 player, 6
         player on target.  # [H, W] int8"""
