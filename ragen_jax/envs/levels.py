@@ -87,6 +87,13 @@ def level_fields(env: Any, state: Any) -> Any:
     return level(state) if level is not None else state
 
 
+def holdout_fields(env: Any, state: Any) -> Any:
+    """The pytree of ``state`` that validation holds out (``env.holdout_fields``; default: its
+    level fields)."""
+    fields = getattr(env, "holdout_fields", None)
+    return fields(state) if fields is not None else level_fields(env, state)
+
+
 def tree_hash(tree: Any) -> jax.Array:
     """``[2] uint32``: the 64-bit hash of a pytree's leaves, their sizes included (jittable)."""
     words = jnp.concatenate([_words(x) for x in jax.tree.leaves(tree)])
