@@ -1,5 +1,5 @@
-"""What every experiment script shares: the repository's paths, best-of-n timing, and child
-Python processes that import this checkout.
+"""What every experiment script shares: the repository's paths, best-of-n timing, printing and
+writing a Markdown report, and child Python processes that import this checkout.
 
 Scripts run from the repository root as modules (``python -m experiments.benchmarks.bench_envs``),
 so ``ragen_jax``, ``configs`` and ``experiments`` import from the checkout without editing
@@ -28,6 +28,14 @@ def timed(fn: Callable[[], object], repeats: int) -> float:
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def report(lines: list[str], out: str | None) -> None:
+    """Prints a Markdown report and, when ``out`` names a file, writes it there too."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out:
+        Path(out).write_text(text)
 
 
 def child_env(root: Path = ROOT, **extra: str) -> dict[str, str]:

@@ -22,13 +22,13 @@ import argparse
 import dataclasses
 import os
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from experiments.common import report
 from ragen_jax.models import Qwen2ForCausalLM, QwenConfig
 
 
@@ -96,10 +96,7 @@ def main() -> None:
                      f"{h.mean():.4f} | {h.max():.4f} |")
     lines += ["", "Both rows share the bf16 body (its rounding is in both); the difference "
               "between them is the head's rounding of the logits alone."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    report(lines, args.out)
 
 
 if __name__ == "__main__":

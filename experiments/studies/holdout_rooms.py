@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import argparse
 import copy
-from pathlib import Path
 
 import jax
 import numpy as np
 
-from experiments.common import ROOT, timed
+from experiments.common import ROOT, report, timed
 from ragen_jax.config.loading import from_config_dict, load_config
 from ragen_jax.config.resolve import resolve
 from ragen_jax.envs import make
@@ -140,10 +139,7 @@ def main() -> None:
         "|---|---:|---:|---:|---:|---:|",
         *costs,
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    report(lines, args.out)
 
 
 if __name__ == "__main__":

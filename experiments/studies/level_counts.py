@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
 
+from experiments.common import report
 from ragen_jax.envs import make
 from ragen_jax.rollout.env_driver import JaxEnvDriver
 from ragen_jax.rollout.host_driver import HostEnvDriver
@@ -126,10 +126,7 @@ def main() -> None:
         "|---|---:|---:|---:|---:|---:|",
         *costs,
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    report(lines, args.out)
 
 
 if __name__ == "__main__":
