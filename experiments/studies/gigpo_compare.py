@@ -21,6 +21,7 @@ how often the states repeat whatever trains on them.
 
     python -m experiments.studies.gigpo_compare                              # both envs, 3 arms, seeds 0 1 2
     python -m experiments.studies.gigpo_compare --only frozenlake --seeds 0 --budget 480
+    python -m experiments.studies.gigpo_compare --only sokoban --jobs 2 --imitation-seeds 0
     python -m experiments.studies.gigpo_compare --summary-only
 """
 
@@ -34,7 +35,15 @@ from pathlib import Path
 import numpy as np
 
 from experiments.common import RESULTS
-from experiments.studies.learning_curves import RUNS, build_prior, launch, run_curves, write_table
+from experiments.studies.learning_curves import (
+    RUNS,
+    build_prior,
+    imitation_curves,
+    launch,
+    run_curves,
+    run_jobs,
+    write_table,
+)
 from ragen_jax.metrics import read_jsonl
 
 ENVS = ("sokoban", "frozenlake")
@@ -48,14 +57,18 @@ ANCHORED = ("rollout/anchored_turns", "rollout/anchored_later_turns")
 MD = RESULTS / "gigpo_compare.md"
 
 
-def run_all(envs: list[str], arms: list[str], seeds: list[int], budget: float | None,
-            extra: list[str], runs: Path, workers: int) -> None:
-    """Every (env, arm, seed) run, ``workers`` at once; each env's prior built first."""
+def run_all(envs: list[str], arms: list[str], seeds: list[int], imitation_seeds: list[int],
+            budget: float | None, extra: list[str], runs: Path, workers: int) -> None:
+    """Every (env, arm, seed) run and (env, imitation, seed) control, ``workers`` at once;
+    each env's prior built first."""
     for env in envs:
         build_prior(env, extra, runs)
 
     def one(job: tuple[str, str, int]) -> None:
         env, arm, seed = job
+        if arm == "imitation":
+            run_jobs([("imitation", env, seed)], {env: budget or RUNS[env]}, extra, runs, 1)
+            return
         out = runs / f"{env}-{arm}-s{seed}"
         shutil.rmtree(out, ignore_errors=True)
         launch(env, out, [*extra, *ARMS[arm], f"--config.seed={seed}"], budget or RUNS[env],
@@ -63,6 +76,7 @@ def run_all(envs: list[str], arms: list[str], seeds: list[int], budget: float | 
 
     with ThreadPoolExecutor(workers) as pool:
         jobs = [(e, a, s) for e in envs for a in arms for s in seeds]
+        jobs += [(e, "imitation", s) for e in envs for s in imitation_seeds]
         for result in [pool.submit(one, job) for job in jobs]:
             result.result()
 
@@ -95,6 +109,14 @@ def summarize(env: str, seeds: list[int], runs: Path) -> list[str]:
                     f"| {start.mean():.3f} -> {last.mean():.3f} | {(last - start).mean():+.3f} "
                     f"| {per_seed} | {'; '.join(mi) or '-'} | {share[:, 0].mean():.2f} "
                     f"| {share[:, 1].mean():.2f} |")
+    ic = imitation_curves(env, seeds, runs)
+    if ic:  # supervised steps on the prior's own data for the same wall time: what RL must beat
+        start = np.array([c[0]["success"] for c in ic.values()])
+        last = np.array([c[-1]["success"] for c in ic.values()])
+        per_seed = ", ".join(f"s{s}: {c[0]['success']:.3f} -> {c[-1]['success']:.3f} ({c[-1]['sft_steps']} SFT steps)"
+                             for s, c in ic.items())
+        rows.append(f"| {env} | imitation control | {len(ic)} | - | - | {start.mean():.3f} -> {last.mean():.3f} "
+                    f"| {(last - start).mean():+.3f} | {per_seed} | - | - | - |")
     return rows
 
 
@@ -103,6 +125,8 @@ def main() -> None:
     p.add_argument("--only", choices=ENVS, action="append")
     p.add_argument("--arms", choices=list(ARMS), nargs="+", default=list(ARMS))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--imitation-seeds", type=int, nargs="*", default=[],
+                   help="also run the imitation control (learning_curves') for these seeds")
     p.add_argument("--budget", type=float, default=None,
                    help="seconds per run (default: the preset's, learning_curves.RUNS)")
     p.add_argument("--jobs", type=int, default=1, help="runs at once")
@@ -113,7 +137,7 @@ def main() -> None:
     runs = RESULTS / "runs_gigpo"
     runs.mkdir(parents=True, exist_ok=True)
     if not args.summary_only:
-        run_all(envs, args.arms, args.seeds, args.budget, args.override, runs, args.jobs)
+        run_all(envs, args.arms, args.seeds, args.imitation_seeds, args.budget, args.override, runs, args.jobs)
     rows = [row for env in ENVS for row in summarize(env, args.seeds, runs)]
     table = "\n".join([
         "| env | arm | seeds | steps (mean) | wall min (mean) | val success start -> last (mean) "
