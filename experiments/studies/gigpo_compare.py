@@ -75,7 +75,9 @@ def run_all(envs: list[str], arms: list[str], seeds: list[int], imitation_seeds:
                runs / f"{env}-{arm}-s{seed}.log")
 
     with ThreadPoolExecutor(workers) as pool:
-        jobs = [(e, a, s) for e in envs for a in arms for s in seeds]
+        # Seed-major: the runs side by side are different arms, so a machine that slows down
+        # during the study slows every arm alike.
+        jobs = [(e, a, s) for e in envs for s in seeds for a in arms]
         jobs += [(e, "imitation", s) for e in envs for s in imitation_seeds]
         for result in [pool.submit(one, job) for job in jobs]:
             result.result()
@@ -89,14 +91,22 @@ def anchored(out: Path) -> list[float]:
 
 
 def summarize(env: str, seeds: list[int], runs: Path) -> list[str]:
-    """The table rows of ``env``, one per arm with runs."""
-    rows = []
+    """The table rows of ``env``, one per arm with runs. Besides each run's last validation
+    within the budget, every arm at the last validated step all of the env's runs reached:
+    the arms' steps cost differently (the critic) and the machine's speed drifts over a study,
+    so equal steps compare the advantages themselves."""
+    rows, arms = [], {}
     for arm in ARMS:
         outs = {s: runs / f"{env}-{arm}-s{s}" for s in seeds}
         outs = {s: o for s, o in outs.items() if (o / "metrics.jsonl").is_file()}
-        if not outs:
-            continue
-        curves = {s: run_curves(o) for s, o in outs.items()}
+        if outs:
+            arms[arm] = (outs, {s: run_curves(o) for s, o in outs.items()})
+    if not arms:
+        return rows
+    common = max(set.intersection(*(set(c["steps"].tolist()) for _, curves in arms.values()
+                                    for c in curves.values())))
+    for arm, (outs, curves) in arms.items():
+        at = np.array([c["val"][list(c["steps"]).index(common)] for c in curves.values()])
         start = np.array([c["val"][0] for c in curves.values()])
         last = np.array([c["val"][-1] for c in curves.values()])
         steps = np.array([c["last_step"] for c in curves.values()])
@@ -107,7 +117,7 @@ def summarize(env: str, seeds: list[int], runs: Path) -> list[str]:
                              for s, c in curves.items())
         rows.append(f"| {env} | {arm} | {len(curves)} | {steps.mean():.0f} | {wall.mean():.1f} "
                     f"| {start.mean():.3f} -> {last.mean():.3f} | {(last - start).mean():+.3f} "
-                    f"| {per_seed} | {'; '.join(mi) or '-'} | {share[:, 0].mean():.2f} "
+                    f"| {common}: {at.mean():.3f} ({(at - start).mean():+.3f}) | {per_seed} | {'; '.join(mi) or '-'} | {share[:, 0].mean():.2f} "
                     f"| {share[:, 1].mean():.2f} |")
     ic = imitation_curves(env, seeds, runs)
     if ic:  # supervised steps on the prior's own data for the same wall time: what RL must beat
@@ -116,7 +126,7 @@ def summarize(env: str, seeds: list[int], runs: Path) -> list[str]:
         per_seed = ", ".join(f"s{s}: {c[0]['success']:.3f} -> {c[-1]['success']:.3f} ({c[-1]['sft_steps']} SFT steps)"
                              for s, c in ic.items())
         rows.append(f"| {env} | imitation control | {len(ic)} | - | - | {start.mean():.3f} -> {last.mean():.3f} "
-                    f"| {(last - start).mean():+.3f} | {per_seed} | - | - | - |")
+                    f"| {(last - start).mean():+.3f} | - | {per_seed} | - | - | - |")
     return rows
 
 
@@ -141,9 +151,10 @@ def main() -> None:
     rows = [row for env in ENVS for row in summarize(env, args.seeds, runs)]
     table = "\n".join([
         "| env | arm | seeds | steps (mean) | wall min (mean) | val success start -> last (mean) "
-        "| gain (mean) | per seed | first-turn I(X;Z) nats, first -> last | anchored turns "
-        "(mean over steps) | anchored turns after the first |",
-        "|---|---|---|---|---|---|---|---|---|---|---|", *rows]) + "\n"
+        "| gain (mean) | at the step every run reached: success (gain) | per seed "
+        "| first-turn I(X;Z) nats, first -> last | anchored turns (mean over steps) "
+        "| anchored turns after the first |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|", *rows]) + "\n"
     print(table)
     if not MD.is_file():
         MD.write_text("# GiGPO vs Dr.GRPO vs bi-level GAE, tiny presets\n\n"
