@@ -45,7 +45,7 @@ import jax
 import numpy as np
 
 from ragen_jax.envs import levels
-from ragen_jax.envs.host.env import HostEnv
+from ragen_jax.envs.host.env import HostEnv, reset_keys
 from ragen_jax.envs.host.family import HostEnvFamily, HostState
 from ragen_jax.envs.host.processes import (
     Histories,
@@ -168,7 +168,7 @@ class _ThreadCalls:
     def _reset_call(self, env: HostEnv | None, seed: int) -> Call:
         # Building a missing instance is part of the call: a factory that raises or hangs
         # costs the episode (under the same timeout), as a reset that does.
-        def call(mark: Callable[[], None]) -> tuple[HostEnv, str, tuple[str, ...], str]:
+        def call(mark: Callable[[], None]) -> tuple[HostEnv, str, tuple[str, ...], tuple[str, str]]:
             mark()
             nonlocal env
             if env is None:
@@ -178,8 +178,7 @@ class _ThreadCalls:
             text = env.reset(seed)
             if not isinstance(text, str):
                 raise TypeError(f"reset returned a {type(text).__name__}, not a str")
-            key = env.level_key()
-            return env, text, names_of(env), text if key is None else str(key)
+            return env, text, names_of(env), reset_keys(env, text)
         return call
 
     def step(self, rows: Sequence[int], actions: Sequence[Sequence[str]]
@@ -248,8 +247,8 @@ class _ProcessCalls:
             if job.error:
                 out.append((None, job.error))
                 continue
-            text, names, key = job.value
-            out.append(((WorkerEnv(self, b), text, names, key), ""))
+            text, names, keys = job.value
+            out.append(((WorkerEnv(self, b), text, names, keys), ""))
         return out
 
     def step(self, rows: Sequence[int], actions: Sequence[Sequence[str]]
@@ -290,12 +289,14 @@ class HostEnvDriver:
 
     def reset(self, seeds: Sequence[int] | np.ndarray, *, held_out: bool = True) -> ResetOutcome:
         """Row ``b`` reset with ``seeds[b]``; states are ``HostState``s (an object array). A
-        row whose level is held out is reset again with ``levels.redraw_seed(seed, 1)``, 2, ...
-        until it is not (the rows still held out after ``levels.MAX_DRAWS``: an error)."""
+        row whose held-out id (its ``HostEnv.holdout_key``, by default its level's) is held out
+        is reset again with ``levels.redraw_seed(seed, 1)``, 2, ... until it is not (the rows
+        still held out after ``levels.MAX_DRAWS``: an error)."""
         seeds = [int(s) for s in np.asarray(seeds).reshape(-1)]
         n = len(seeds)
         states = np.empty(n, object)
-        ids, redraws, errors = np.zeros(n, np.uint64), np.zeros(n, np.int32), {}
+        ids, holdout = np.zeros(n, np.uint64), np.zeros(n, np.uint64)
+        redraws, errors = np.zeros(n, np.int32), {}
         rows = list(range(n))
         for draw in range(levels.MAX_DRAWS + 1):
             results = self.calls.reset(rows, [levels.redraw_seed(seeds[b], draw) for b in rows])
@@ -306,17 +307,17 @@ class HostEnvDriver:
                     errors[b] = f"reset: {error}"
                     states[b] = HostState("", (), None)
                     continue
-                env, text, names, key = value
+                env, text, names, (level, held) = value
                 states[b] = HostState(text, names, env)
-                ids[b] = levels.text_level_id(key)
-                if held_out and int(ids[b]) in self.held_out:
+                ids[b], holdout[b] = levels.text_level_id(level), levels.text_level_id(held)
+                if held_out and int(holdout[b]) in self.held_out:
                     again.append(b)
             rows = again
             if not rows:
                 break
         if rows:
             raise levels.held_out_error(self.family.name, [seeds[b] for b in rows])
-        return ResetOutcome(states, states, errors, ids, redraws, holdout=ids)  # held out by level
+        return ResetOutcome(states, states, errors, ids, redraws, holdout=holdout)
 
     def step(self, states: Any, actions: dict[int, TurnActions],
              keys: jax.Array) -> tuple[Any, Any, StepOutcome]:

@@ -1,4 +1,5 @@
-"""Host envs with real faults, importable by name so worker processes can build them.
+"""Host envs with real faults (and ``Rooms``, whose levels come in rooms), importable by name so
+worker processes can build them.
 
 ``Faulty`` plays a seed and obeys its action: ``win`` ends the episode won, ``go`` pays 1 and
 goes on, ``sleep`` never returns, ``regex`` spins in C holding the GIL (catastrophic
@@ -76,3 +77,18 @@ class Slow(Faulty):
         if action == "slow":
             time.sleep(3.0)
         return super().step(action)
+
+
+class Rooms(HostEnv):
+    """Level ``seed``, in room ``seed % 5``: a held-out room keeps its every level out."""
+
+    def reset(self, seed):
+        self.seed = seed
+        return f"level {seed}"
+
+    def step(self, action):
+        return f"level {self.seed}", 0.0, True, {"success": False}
+
+    def holdout_key(self):
+        return f"room {self.seed % 5}"
+

@@ -226,3 +226,43 @@ def test_threads_abandoned_by_timeouts_are_dropped_once_they_return(tok):
         runner.run([lambda mark: (mark(), time.sleep(0.5))])
         time.sleep(0.6)
     assert len(runner._workers) <= 2
+
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_held_out_resets_compare_the_holdout_key(tok, isolation):
+    """``HostEnv.holdout_key`` (default: the level) is what held-out resets compare and redraw
+    on, in threads and worker processes; the level ids stay the levels."""
+    from ragen_jax.envs import levels
+    from tests.rollout.faulty_envs import Rooms
+
+    rollout = AgentRollout(HostEnvFamily(Rooms, isolation=isolation), None, tok, CFG)
+    val = rollout.driver.reset(np.array([0, 5, 1]), held_out=False)  # rooms 0, 0, 1
+    np.testing.assert_array_equal(val.levels, [levels.text_level_id(f"level {s}") for s in (0, 5, 1)])
+    np.testing.assert_array_equal(val.holdout, [levels.text_level_id(f"room {r}") for r in (0, 0, 1)])
+    rollout.hold_out(val.holdout)
+    seeds = np.arange(100, 120)
+    out = rollout.driver.reset(seeds, held_out=True)
+    rooms = [int(s.text.split()[1]) % 5 for s in out.host]
+    assert not {0, 1} & set(rooms) and out.redraws.max() > 0
+    assert all(s.text == f"level {seed}" for s, seed, n in zip(out.host, seeds, out.redraws, strict=True) if n == 0)
+    rollout.driver.close()
+
+
+def test_a_served_sokoban_holds_out_its_room():
+    """A JAX env behind the host contract (``JaxAsHost``, what ``envs.host.serve`` serves)
+    holds out what the env holds out in-process: Sokoban's room (so no training reset of a
+    served Sokoban starts in a validation room, by the test above); its level key stays the
+    level's."""
+    from ragen_jax.envs import levels
+    from ragen_jax.envs.host.serve import JaxAsHost
+
+    env, params = make("sokoban", dim_room=(6, 6), num_boxes=1, max_steps=10)
+    served = JaxAsHost(env, params)
+    hexed = lambda h: f"{int(levels.as_uint64(h)):016x}"  # noqa: E731
+    for seed in (0, 1):
+        served.reset(seed)
+        _, state = env.reset_env(jax.random.key(seed), params)
+        assert served.holdout_key() == hexed(levels.holdout_hash(env, state))
+        assert served.level_key() == hexed(levels.level_hash(env, state))
+        assert served.holdout_key() != served.level_key()

@@ -203,6 +203,7 @@ def test_a_served_jax_env_follows_its_own_dynamics(port):
             _, state = env.reset_env(key, params)
             assert remote.reset(seed) == env.render_text(state)
             assert remote.level_key() == f"{int(levels.as_uint64(levels.level_hash(env, state))):016x}"
+            assert remote.holdout_key() == remote.level_key()  # FrozenLake holds out its level
             for move in range(1, 8):
                 action = int(rng.integers(4))
                 text, reward, done, info = remote.step(env.action_names[action])

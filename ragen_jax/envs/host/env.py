@@ -60,9 +60,24 @@ class HostEnv:
         levels are held out of training by it). None (the default): the reset's text."""
         return None
 
+    def holdout_key(self) -> str | None:
+        """What held-out validation keeps out of training for the episode just reset, where
+        that is coarser than the level because an episode can walk from one level's start
+        onto another's (a served Sokoban: its room). None (the default): the level."""
+        return None
+
     def random_action(self, rng: np.random.Generator) -> str:
         """A well-formed action in the current state, drawn at random (never a solver): the
         format warm-start's answers. Default: one of ``action_names``."""
         if not self.action_names:
             raise NotImplementedError(f"{self.name}: free-text env without random_action(rng)")
         return str(self.action_names[int(rng.integers(len(self.action_names)))])
+
+
+def reset_keys(env: HostEnv, text: str) -> tuple[str, str]:
+    """``(level, held out)``: the identity keys of the episode ``env`` just reset to ``text``,
+    ``level_key()`` (None: the text) and ``holdout_key()`` (None: the level's key)."""
+    level = env.level_key()
+    level = text if level is None else str(level)
+    held = env.holdout_key()
+    return level, level if held is None else str(held)

@@ -46,7 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from ragen_jax.envs.host.env import HostEnv
+from ragen_jax.envs.host.env import HostEnv, reset_keys
 
 MAX_ERROR_CHARS = 500  # an error text is cut to this many characters
 START_TIMEOUT = 60.0  # seconds a job may wait for its worker to start and take it
@@ -126,7 +126,7 @@ class _Worker:
             raise TypeError(f"the env factory built a {type(env).__name__}, not a HostEnv")
         return env
 
-    def reset(self, row: int, seed: int) -> tuple[str, tuple[str, ...], str]:
+    def reset(self, row: int, seed: int) -> tuple[str, tuple[str, ...], tuple[str, str]]:
         env = self.instances.pop(row, None)
         if env is None:
             env = self.build()
@@ -134,10 +134,9 @@ class _Worker:
         text = env.reset(seed)
         if not isinstance(text, str):
             raise TypeError(f"reset returned a {type(text).__name__}, not a str")
-        key = env.level_key()
         names = names_of(env)
         self.instances[row] = env
-        return text, names, text if key is None else str(key)
+        return text, names, reset_keys(env, text)
 
     def step(self, row: int, actions: Sequence[str],
              replay: tuple[int, Sequence[str], str] | None) -> tuple[str, ...]:

@@ -59,6 +59,7 @@ class RemoteEnv(HostEnv):
         self.action_names = tuple(info["action_names"])
         self.session: str | None = None
         self._level_key: str | None = None
+        self._holdout_key: str | None = None
 
     @property
     def name(self) -> str:
@@ -110,10 +111,15 @@ class RemoteEnv(HostEnv):
                               idempotent=True)
         self.action_names = tuple(data["action_names"])
         self._level_key = str(data["level_key"])
+        held = data.get("holdout_key")  # (a server older than the field: the level)
+        self._holdout_key = None if held is None else str(held)
         return str(data["observation"])
 
     def level_key(self) -> str | None:
         return self._level_key
+
+    def holdout_key(self) -> str | None:
+        return self._holdout_key
 
     def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
         if self.session is None:

@@ -7,9 +7,11 @@ is its client, the ``remote`` env of a run):
 * ``POST /sessions`` -> ``{"session"}``: a new session (its instance is built at its first
   reset);
 * ``POST /sessions/{id}/reset`` ``{"seed": int}`` -> ``{"observation", "action_names",
-  "level_key"}``: the same seed, the same episode; ``level_key`` is the level identity that
-  held-out validation compares (``envs.levels``: a host env's ``level_key()`` or its first
-  observation, a JAX env's level hash in hex);
+  "level_key", "holdout_key"}``: the same seed, the same episode; ``level_key`` is the level's
+  identity (``envs.levels``: a host env's ``level_key()`` or its first observation, a JAX
+  env's level hash in hex) and ``holdout_key`` what held-out validation compares (a host
+  env's ``holdout_key()``, else its level key; a JAX env's ``levels.holdout_hash`` in hex:
+  Sokoban's room);
 * ``POST /sessions/{id}/step`` ``{"action": str}`` -> ``{"observation", "reward", "done",
   "info": {"success", "truncated", "action_is_effective"}, "action_names"}``;
 * ``POST /sessions/{id}/random_action`` ``{"rng_state": dict}`` -> ``{"action",
@@ -118,6 +120,9 @@ class JaxAsHost(HostEnv):
 
     def level_key(self) -> str:
         return f"{int(levels.as_uint64(levels.level_hash(self.env, self.state))):016x}"
+
+    def holdout_key(self) -> str:
+        return f"{int(levels.as_uint64(levels.holdout_hash(self.env, self.state))):016x}"
 
     def step(self, action: str) -> tuple[str, float, bool, dict[str, Any]]:
         jax = self.jax
@@ -303,8 +308,8 @@ class _EnvServer:
         session.done, session.kept = False, 0
         if job.error:
             return job.error
-        text, names, key = job.value
-        return {"observation": text, "action_names": list(names), "level_key": key}
+        text, names, (level, held) = job.value
+        return {"observation": text, "action_names": list(names), "level_key": level, "holdout_key": held}
 
     async def step(self, session: _Session, body: dict[str, Any]) -> dict[str, Any] | str:
         action = _field(body, "action", str)
