@@ -55,7 +55,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_one(name: str, steps: int, extra: list[str], out: Path, env: dict[str, str]) -> list[str]:
+def run_one(name: str, steps: int, extra: list[str], out: Path, env: dict[str, str],
+            timeout: float = 900) -> list[str]:
     """One config's run; returns its table row's cells."""
     module = NEEDS.get(name)
     if module and importlib.util.find_spec(module) is None:
@@ -73,7 +74,9 @@ def run_one(name: str, steps: int, extra: list[str], out: Path, env: dict[str, s
            f"--config.trainer.total_steps={steps}", *MICRO, *groups, *args, *extra]
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return [name, f"**timed out** after {timeout:.0f} s", f"{time.perf_counter() - t0:.0f}", "-", "-"]
     finally:
         if server is not None:
             server.terminate()
