@@ -1,10 +1,11 @@
-"""What holding Sokoban's validation out by room costs at the presets' sizes, against holding
-it out by level.
+"""What holding Sokoban's validation out by room (and grid-text FrozenLake's by map) costs at
+the presets' sizes, against holding it out by level.
 
     python -m experiments.studies.holdout_rooms --out experiments/results/holdout_rooms.md
 
 For each setting (the tiny preset, ``configs/sokoban.py``: 6x6 with one box; the same preset at
-7x7 and 8x8 with two boxes): the preset's validation seeds (how many distinct levels and rooms
+7x7 and 8x8 with two boxes; FrozenLake 4x4 in grid text, which holds out its map without the
+start, on the seeds of its tiny preset): the preset's validation seeds (how many distinct levels and rooms
 they are); the training seeds the preset resets (the warm start's two collections,
 ``warmstart.data_seeds``: the mixture's groups of one episode per action and the single-turn
 rows' own levels, and every RL step's groups, ``rollout.agent.train_seeds``), and how many of
@@ -30,10 +31,11 @@ from ragen_jax.rollout.agent import train_seeds
 from ragen_jax.rollout.env_driver import JaxEnvDriver
 from ragen_jax.warmstart import data_seeds
 
-SETTINGS = {  # tag: config overrides of the tiny preset
-    "6x6, 1 box (the tiny preset)": [],
-    "7x7, 2 boxes": ["--config.env.params.dim_room=(7, 7)", "--config.env.params.num_boxes=2"],
-    "8x8, 2 boxes": ["--config.env.params.dim_room=(8, 8)", "--config.env.params.num_boxes=2"],
+SETTINGS = {  # tag: the config and its overrides of the tiny preset
+    "6x6, 1 box (the tiny preset)": ("sokoban", []),
+    "7x7, 2 boxes": ("sokoban", ["--config.env.params.dim_room=(7, 7)", "--config.env.params.num_boxes=2"]),
+    "8x8, 2 boxes": ("sokoban", ["--config.env.params.dim_room=(8, 8)", "--config.env.params.num_boxes=2"]),
+    "FrozenLake 4x4, grid text (map)": ("frozenlake", ["--config.env.params.observation_format=grid"]),
 }
 
 
@@ -47,14 +49,16 @@ def by_level(env):
 
 def streams(run) -> dict[str, np.ndarray]:
     """The group seeds the preset's training resets: the warm start's two collections
-    (``WarmStart._data``: the single-turn rows' own episodes use the next seed, one a level)
-    and the RL steps'."""
+    (``WarmStart._data``: the single-turn rows' own episodes, where the preset has them, use
+    the next seed, one a level) and the RL steps'."""
     w, plan = run.warmstart, resolve(run)
     seed = w.seed_for(run.seed)
-    return {"prior, mixture episodes": data_seeds(w.episodes, 4, seed),  # a group per action
-            "prior, single-turn rows": data_seeds(w.turns.episodes, 1, seed + 1),
-            f"RL, {run.trainer.total_steps} steps": np.concatenate(
-                [train_seeds(plan.rollout, i) for i in range(run.trainer.total_steps)])}
+    out = {"prior, mixture episodes": data_seeds(w.episodes, 4, seed)}  # a group per action
+    if w.own_turn_data and w.turns.episodes:
+        out["prior, single-turn rows"] = data_seeds(w.turns.episodes, 1, seed + 1)
+    out[f"RL, {run.trainer.total_steps} steps"] = np.concatenate(
+        [train_seeds(plan.rollout, i) for i in range(run.trainer.total_steps)])
+    return out
 
 
 def in_chunks(driver: JaxEnvDriver, seeds: np.ndarray, size: int, held_out: bool):
@@ -90,10 +94,10 @@ def main() -> None:
     args = ap.parse_args()
 
     counts, costs = [], []
-    for tag, overrides in SETTINGS.items():
+    for tag, (config, overrides) in SETTINGS.items():
         if args.only and args.only not in tag:
             continue
-        run = from_config_dict(load_config(["--config", str(ROOT / "configs/sokoban.py"), *overrides]))
+        run = from_config_dict(load_config(["--config", str(ROOT / f"configs/{config}.py"), *overrides]))
         env, params = make(run.env.name, **run.env.params)
         rooms, levels = JaxEnvDriver(env, params, 1), JaxEnvDriver(by_level(env), params, 1)
         val_seeds = run.rollout.val.seed + np.arange(run.rollout.val.env_groups)
@@ -120,13 +124,14 @@ def main() -> None:
         print(costs[-1], flush=True)
 
     lines = [
-        "# Holding Sokoban's validation out by room: what it costs",
+        "# Holding Sokoban's validation out by room (FrozenLake's grid text by map): what it costs",
         "",
         f"`python -m experiments.studies.holdout_rooms --batch {args.batch} --repeats {args.repeats}` "
         f"on {jax.devices()[0].device_kind} (jax {jax.__version__}).",
         "",
         "Training seeds each rule draws again (the seed's level is a validation level / its room "
-        "is a validation room), over the seeds the tiny preset's training resets, a group once:",
+        "(FrozenLake: map) is a validation room), over the seeds the tiny preset's training resets, "
+        "a group once:",
         "",
         "| setting | validation levels / rooms (256 seeds) | stream | seeds | redrawn by level | "
         "redrawn by room | draws again by room, all |",

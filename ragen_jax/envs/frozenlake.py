@@ -180,6 +180,13 @@ class FrozenLake(TextEnv[EnvState, EnvParams]):
         """The map: holes, start and goal."""
         return state.holes, state.start, state.goal
 
+    def holdout_fields(self, state: EnvState) -> tuple[jax.Array, ...]:
+        """``grid`` text shows holes, goal and player, not the start, so a training level on a
+        validation level's holes and goal could walk onto that level's starting board: held
+        out is the map without its start (no step changes it). ``coord`` text names the start
+        in every state, so there the level is enough."""
+        return (state.holes, state.goal) if self.observation_format == "grid" else self.level(state)
+
     def is_terminated(self, state: EnvState, params: EnvParams) -> jax.Array:
         return state.holes[state.player[0], state.player[1]] | jnp.all(state.player == state.goal)
 

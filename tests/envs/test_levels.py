@@ -1,6 +1,6 @@
 """Level identity (``envs.levels``) and held-out validation: a training or prior-data reset
-never plays a validation level (nor, for Sokoban, a validation room), compared by the levels'
-states themselves, not their hashes."""
+never plays a validation level (nor, for Sokoban, a validation room; for FrozenLake in grid
+text, a validation map), compared by the levels' states themselves, not their hashes."""
 
 import jax
 import jax.numpy as jnp
@@ -49,11 +49,26 @@ def test_level_ids_partition_levels_exactly_as_their_states_do(jax_env):
         assert len(by_id) == len(set(exact))
         distinct[fields.__name__] = len(by_id)
     assert distinct["level"] < 256 or name != "frozenlake-4"  # FrozenLake 4x4 repeats maps
-    if name.startswith("sokoban"):  # held out by room: coarser than the level
-        assert distinct["holdout_fields"] <= distinct["level"]
-        assert distinct["holdout_fields"] < distinct["level"] or name != "sokoban-6x6-1"
-    else:
-        np.testing.assert_array_equal(out.holdout, out.levels)
+    # Held out by room (Sokoban) or by map without its start (FrozenLake, grid): coarser.
+    assert distinct["holdout_fields"] <= distinct["level"]
+    assert distinct["holdout_fields"] < distinct["level"] or name == "sokoban-7x7-2"
+
+
+def test_frozenlake_holds_out_its_map_in_grid_text_and_its_level_in_coordinates():
+    """Grid text does not show the start (a state with another start reads the same), so
+    held out are holes and goal; coordinate text names the start, so there the level."""
+    grid, params = make("frozenlake", size=4)
+    coord, _ = make("frozenlake", size=4, observation_format="coord")
+    host = JaxEnvDriver(grid, params, 1).reset(VAL[:8]).host
+    for b in range(8):
+        state = row_state(host, b)
+        moved = state.replace(start=(np.asarray(state.start) + 1) % 4)
+        assert grid.render_text(moved) == grid.render_text(state)
+        assert coord.render_text(moved) != coord.render_text(state)
+        assert [np.asarray(x).tolist() for x in grid.holdout_fields(state)] == [
+            np.asarray(state.holes).tolist(), np.asarray(state.goal).tolist()]
+    out = JaxEnvDriver(coord, params, 1).reset(VAL)
+    np.testing.assert_array_equal(out.holdout, out.levels)
 
 
 def test_held_out_resets_never_play_a_validation_level(jax_env):

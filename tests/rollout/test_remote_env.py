@@ -187,8 +187,8 @@ def test_a_served_env_that_hangs_or_crashes_costs_only_its_session(port, fault):
 def test_a_served_jax_env_follows_its_own_dynamics(port):
     """FrozenLake (slippery, at most 6 steps) served through ``JaxAsHost`` in the server's
     worker: for each seed and the same random actions, the observations, rewards, done and
-    truncation flags and the level key are the env's own reset and steps with the keys the
-    protocol documents (the seed's key, folded with the move count)."""
+    truncation flags, the level key and the held-out key are the env's own reset and steps
+    with the keys the protocol documents (the seed's key, folded with the move count)."""
     from ragen_jax.envs import levels
 
     server = _serve("frozenlake", port, "--param", "max_steps=6")
@@ -203,7 +203,9 @@ def test_a_served_jax_env_follows_its_own_dynamics(port):
             _, state = env.reset_env(key, params)
             assert remote.reset(seed) == env.render_text(state)
             assert remote.level_key() == f"{int(levels.as_uint64(levels.level_hash(env, state))):016x}"
-            assert remote.holdout_key() == remote.level_key()  # FrozenLake holds out its level
+            # In grid text FrozenLake holds out its map without the start.
+            assert remote.holdout_key() == f"{int(levels.as_uint64(levels.holdout_hash(env, state))):016x}"
+            assert remote.holdout_key() != remote.level_key()
             for move in range(1, 8):
                 action = int(rng.integers(4))
                 text, reward, done, info = remote.step(env.action_names[action])
