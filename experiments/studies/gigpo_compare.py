@@ -53,6 +53,13 @@ ARMS = {
               "--config.algorithm.loss_agg_mode=seq-mean-token-sum"],
     "bilevel_gae": ["--config.algorithm.adv_estimator=gae", "--config.algorithm.bi_level_gae=True"],
 }
+# Bi-level GAE credits turns inside a trajectory row (the critic's values at turn ends), so it
+# does not combine with turn rows: on Sokoban, whose preset trains turn rows of a one-turn
+# window, it trains RAGEN's whole transcripts in 4 x 32 rows (the preset's documented
+# alternative). The other arms keep the preset's rows.
+ARM_ROWS = {("sokoban", "bilevel_gae"): [
+    "--config.rollout.window.mode=full", "--config.rollout.window.turns=0",
+    "--config.algorithm.sample_unit=trajectory", "--config.actor.ppo_mini_batch_size=32"]}
 ANCHORED = ("rollout/anchored_turns", "rollout/anchored_later_turns")
 MD = RESULTS / "gigpo_compare.md"
 
@@ -71,7 +78,8 @@ def run_all(envs: list[str], arms: list[str], seeds: list[int], imitation_seeds:
             return
         out = runs / f"{env}-{arm}-s{seed}"
         shutil.rmtree(out, ignore_errors=True)
-        launch(env, out, [*extra, *ARMS[arm], f"--config.seed={seed}"], budget or RUNS[env],
+        launch(env, out, [*extra, *ARMS[arm], *ARM_ROWS.get((env, arm), []), f"--config.seed={seed}"],
+               budget or RUNS[env],
                runs / f"{env}-{arm}-s{seed}.log")
 
     with ThreadPoolExecutor(workers) as pool:
