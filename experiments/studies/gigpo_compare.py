@@ -91,6 +91,12 @@ def run_all(envs: list[str], arms: list[str], seeds: list[int], imitation_seeds:
             result.result()
 
 
+def validated(out: Path) -> bool:
+    """Whether the run has validated at least once (a run that failed at its start has not)."""
+    metrics = read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else {}
+    return any(k.startswith("val-env/") and k.endswith("/success") for m in metrics.values() for k in m)
+
+
 def anchored(out: Path) -> list[float]:
     """The run's ``ANCHORED`` metrics, each averaged over its training steps."""
     metrics = read_jsonl(out / "metrics.jsonl")
@@ -106,7 +112,7 @@ def summarize(env: str, seeds: list[int], runs: Path) -> list[str]:
     rows, arms = [], {}
     for arm in ARMS:
         outs = {s: runs / f"{env}-{arm}-s{s}" for s in seeds}
-        outs = {s: o for s, o in outs.items() if (o / "metrics.jsonl").is_file()}
+        outs = {s: o for s, o in outs.items() if validated(o)}
         if outs:
             arms[arm] = (outs, {s: run_curves(o) for s, o in outs.items()})
     if not arms:
