@@ -37,7 +37,9 @@ def in_chunks(fn, seeds: np.ndarray, size: int) -> list:
     return [x for i in range(0, len(padded), size) for x in fn(padded[i:i + size])]
 
 
-@pytest.mark.parametrize("config", ["sokoban", "frozenlake", "mixed", "countdown", "sudoku",
+# Sokoban alone is checked more strictly, by room and board, in test_held_out_rooms.py (and here
+# inside the mixed preset).
+@pytest.mark.parametrize("config", ["frozenlake", "mixed", "countdown", "sudoku",
                                     "game2048", "rubikscube", "metamathqa", "search",
                                     "deepcoder", pytest.param("gem", marks=_needs("gem")),
                                     pytest.param("textworld", marks=_needs("textworld"))])
@@ -88,7 +90,7 @@ def test_prior_data_and_training_stream_hold_out_every_validation_level(config, 
     assert held and not held & set(played_ids)
     # Generators that repeat levels often (the cube: 1,016 depth-3 scrambles; the QA presets'
     # samples: 26, 6 and 16 problems; GuessTheNumber's 10 numbers; TextWorld's 8 games).
-    small = config in ("sokoban", "frozenlake", "mixed", "rubikscube", "metamathqa", "search",
+    small = config in ("frozenlake", "mixed", "rubikscube", "metamathqa", "search",
                        "deepcoder", "gem", "textworld")
     if small:
         assert "redrawn:True" in played  # some data seeds met a validation level and were redrawn

@@ -39,6 +39,9 @@ def micro_config(out: Path, *, steps: int = 4, estimator: str = "grpo", extra: t
             "--config.model.num_hidden_layers=2",
             "--config.rollout.env_groups=2", "--config.rollout.group_size=4",
             "--config.rollout.val.env_groups=4", "--config.actor.ppo_mini_batch_size=4",
+            # Mini-batches of 4 rows in one pass (the preset's 4 passes bound a real batch's
+            # memory; accumulation is tests/starpo/test_optimizer_step.py's).
+            "--config.actor.micro_batches=1", "--config.critic.micro_batches=1",
             "--config.warmstart.steps=3", "--config.warmstart.episodes=8",
             "--config.warmstart.batch_size=4", "--config.rollout.response_length=8",
             "--config.diagnostics.compute_freq=2", "--config.diagnostics.num_samples=8",

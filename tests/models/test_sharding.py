@@ -83,8 +83,9 @@ SCRIPT = textwrap.dedent(
 
 def test_forward_on_8_devices_equals_single_device(tmp_path):
     root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ, PYTHONPATH=str(root), JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)
+    # The session's compile settings (tests/conftest.py) stay; the child sets its own devices.
+    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f)
+    env = dict(os.environ, PYTHONPATH=str(root), JAX_PLATFORMS="cpu", XLA_FLAGS=flags)
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "ckpt")], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "SHARDED_OK" in proc.stdout, proc.stderr[-3000:]

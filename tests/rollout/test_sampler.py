@@ -297,7 +297,8 @@ def test_prefill_in_row_blocks_samples_what_one_block_samples(model, share, grou
     keys = jax.random.split(jax.random.key(6), len(prompts))
     sp = SamplingParams(max_new_tokens=5, temperature=1.0)
     runs = []
-    for budget in (0, 64, 128):  # blocks of 2 to 4 rows (16- or 32-token buckets)
+    # Blocks of 2 rows (16-token buckets), and with a group prefix also of 4 (two groups a block).
+    for budget in (0, 64, 128) if grouped else (0, 64):
         s = Sampler(model, share_prompts=share, group_prefix=grouped, prefill_tokens=budget)
         first = s(prompts, key=keys, params=sp)
         nxt = s([[7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26]]

@@ -154,8 +154,10 @@ _SHARDED = textwrap.dedent("""
 
 def test_sharded_step_equals_single_device():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # The session's compile settings (tests/conftest.py) stay; the child sets its own devices.
+    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f)
     proc = subprocess.run([sys.executable, "-c", _SHARDED.format(root=root)], capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "XLA_FLAGS": ""})
+                          text=True, timeout=600, env={**os.environ, "XLA_FLAGS": flags})
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     ref = out.pop("(1, 1, 1)")
