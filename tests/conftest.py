@@ -89,6 +89,12 @@ def _private_warmstart_cache(tmp_path_factory):
         os.environ["RAGEN_JAX_CACHE"] = old
 
 
+def child_xla_flags() -> str:
+    """This session's ``XLA_FLAGS`` (its compile settings) without a device count, for a child
+    process that sets its own devices."""
+    return " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f)
+
+
 def _mappings() -> int | None:
     """This process's memory mappings, or None where /proc does not tell."""
     try:

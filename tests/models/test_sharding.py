@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tests.conftest import child_xla_flags
+
 SCRIPT = textwrap.dedent(
     """
     import sys
@@ -83,8 +85,8 @@ SCRIPT = textwrap.dedent(
 
 def test_forward_on_8_devices_equals_single_device(tmp_path):
     root = Path(__file__).resolve().parents[2]
-    # The session's compile settings (tests/conftest.py) stay; the child sets its own devices.
-    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f)
+    # The session's compile settings stay; the child sets its own devices.
+    flags = child_xla_flags()
     env = dict(os.environ, PYTHONPATH=str(root), JAX_PLATFORMS="cpu", XLA_FLAGS=flags)
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "ckpt")], env=env,
                           capture_output=True, text=True, timeout=300)

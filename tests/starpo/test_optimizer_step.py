@@ -23,6 +23,7 @@ from ragen_jax.starpo.optimizer_step import (
     make_optimizer,
 )
 from ragen_jax.starpo.token_scores import token_logprobs
+from tests.conftest import child_xla_flags
 
 CFG = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
            num_attention_heads=4, num_key_value_heads=2, head_dim=8)
@@ -154,8 +155,8 @@ _SHARDED = textwrap.dedent("""
 
 def test_sharded_step_equals_single_device():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    # The session's compile settings (tests/conftest.py) stay; the child sets its own devices.
-    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f)
+    # The session's compile settings stay; the child sets its own devices.
+    flags = child_xla_flags()
     proc = subprocess.run([sys.executable, "-c", _SHARDED.format(root=root)], capture_output=True,
                           text=True, timeout=600, env={**os.environ, "XLA_FLAGS": flags})
     assert proc.returncode == 0, proc.stderr[-3000:]
