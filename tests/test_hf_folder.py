@@ -24,14 +24,17 @@ from tests.qwen25_folder import ENDOFTEXT, GENERATION_CONFIG, IM_END, VOCAB_ROWS
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module", params=["hub", "t5"])
-def folder(request, tmp_path_factory) -> Path:
-    return write_folder(tmp_path_factory.mktemp(request.param) / "Qwen2.5-stand-in", request.param)
-
-
 @pytest.fixture(scope="module")
 def hub_folder(tmp_path_factory) -> Path:
     return write_folder(tmp_path_factory.mktemp("hub") / "Qwen2.5-stand-in", "hub")
+
+
+@pytest.fixture(scope="module", params=["hub", "t5"])
+def folder(request, tmp_path_factory) -> Path:
+    """Both layouts; the hub one is ``hub_folder`` itself (tests copy a folder before changing it)."""
+    if request.param == "hub":
+        return request.getfixturevalue("hub_folder")
+    return write_folder(tmp_path_factory.mktemp(request.param) / "Qwen2.5-stand-in", request.param)
 
 
 def folder_config(model: Path, out: Path, *, steps: int = 2, extra: tuple = ()):
