@@ -127,8 +127,8 @@ def _release_compiled_programs():
 
 
 # Files whose tests train end to end or start processes that do (a minute or more each), in
-# this order before the rest: the two workers then finish together instead of one waiting on a
-# long last test.
+# this order before the rest: the workers then finish together instead of one working through
+# a long last test while the others wait.
 _LONG_FIRST = ("test_distributed.py", "test_train.py", "test_hf_folder.py",
                "test_checkpoint_recovery.py", "test_held_out.py", "test_compilation.py",
                "test_remote_train.py", "test_eval.py")
