@@ -73,6 +73,23 @@ for _name, _value in _JIT_CACHE_SETTINGS.items():
     jax.config.update(_name, _value)  # for this one (jax is imported already)
 
 
+def _skip_eviction_scans() -> None:
+    """With a size limit, JAX's cache lists the folder and reads every entry's access time on
+    each write, to choose what to evict: a write costs time in proportion to the entries, the
+    session's writes together in proportion to their square (a full run writes some 2,000
+    entries: minutes of CPU). The limit is there for the lock that comes with it; this
+    session's folder stays far below it and is removed at the end, so the scan is skipped in
+    the workers (where nearly all writes happen). A jax whose cache has no such method is left
+    as it is."""
+    from jax._src import lru_cache
+
+    if callable(getattr(lru_cache.LRUCache, "_evict_if_needed", None)):
+        lru_cache.LRUCache._evict_if_needed = lambda self, *, additional_size=0: None
+
+
+_skip_eviction_scans()
+
+
 def pytest_unconfigure(config):
     if _OWN_JIT_CACHE is not None:
         shutil.rmtree(_OWN_JIT_CACHE, ignore_errors=True)

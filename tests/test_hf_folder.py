@@ -270,26 +270,33 @@ def test_broken_folder_is_one_line_from_export(trained, hub_folder, tmp_path, ho
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])
 def test_other_families_train_and_export_as_themselves(model_type, tmp_path):
-    """A tiny random Llama (SmolLM2's kind) or Qwen3 folder with Qwen2.5's tokenizer trains
-    a step through the run's whole path (rollout, update, checkpoint, validation) and the
-    export is the same architecture, with transformers reading our trained logits back."""
+    """A tiny random Llama (SmolLM2's kind) or Qwen3 folder trains a step through the run's
+    whole path (rollout, update, checkpoint, validation) and the export is the same
+    architecture, with transformers reading our trained logits back. The folder holds the
+    built-in tokenizer: the family is what this checks (Qwen2.5's tokenizer is checked above,
+    and its 152k-row vocabulary would make most of this test's time)."""
     import jax.numpy as jnp
     import numpy as np
     import torch
+    from flax import nnx
     from transformers import AutoModelForCausalLM
 
     from ragen_jax.export import main as export_main
-    from ragen_jax.models import QwenConfig, positions_from_mask
+    from ragen_jax.models import Qwen2ForCausalLM, QwenConfig, positions_from_mask, save_pretrained
+    from ragen_jax.models import tokenizer as tokenizers
     from ragen_jax.policy import load_policy
     from ragen_jax.train import run
-    from tests.qwen25_folder import write_model
 
+    tok = tokenizers.builtin()
     kw = dict(attention_bias=True, mlp_bias=True) if model_type == "llama" else dict(head_dim=32)
-    config = QwenConfig(vocab_size=VOCAB_ROWS, hidden_size=64, intermediate_size=128,
-                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                        tie_word_embeddings=True, bos_token_id=ENDOFTEXT, eos_token_id=IM_END,
+    config = QwenConfig(vocab_size=tokenizers.TINY_VOCAB_SIZE, hidden_size=64,
+                        intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, tie_word_embeddings=True,
+                        bos_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
                         model_type=model_type, **kw)
-    model_dir = write_model(tmp_path / "model", config)
+    model_dir = tmp_path / "model"
+    save_pretrained(Qwen2ForCausalLM(config, rngs=nnx.Rngs(0)), model_dir, dtype=jnp.bfloat16)
+    tok.save_pretrained(str(model_dir))
     out = tmp_path / "run"
     summary = run(folder_config(model_dir, out, steps=1, extra=(
         "--config.model.dtype=float32", "--config.trainer.val_before_train=False")))
@@ -302,7 +309,7 @@ def test_other_families_train_and_export_as_themselves(model_type, tmp_path):
     assert type(hf).__name__ == {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}[model_type]
     policy, _, _, step = load_policy(str(out), None, None)
     assert step == 1 and policy.config.model_type == model_type
-    tokens = np.random.RandomState(0).randint(0, 1000, (1, 12))
+    tokens = np.random.RandomState(0).randint(0, tokenizers.TINY_VOCAB_SIZE, (1, 12))
     mask = jnp.ones(tokens.shape, jnp.int32)
     ours, _ = policy(jnp.asarray(tokens), positions_from_mask(mask), mask)
     with torch.no_grad():

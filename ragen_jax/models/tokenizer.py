@@ -23,7 +23,7 @@ import os
 from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
 from ragen_jax.models.hf_folder import (
@@ -62,6 +62,10 @@ def load(path: str | os.PathLike | None = None) -> PreTrainedTokenizerBase:
     if not Path(path).is_dir():
         raise FileNotFoundError(f"tokenizer folder not found: {path}")
     check_tokenizer_files(path)
+    # Imported here: AutoTokenizer's model registry imports torch wherever it is installed
+    # (seconds at every start), and the built-in tokenizer needs none of it.
+    from transformers import AutoTokenizer
+
     # transformers reads config.json here too and logs its own complaints about it (e.g. eos
     # ids past a too-small vocabulary); ragen_jax checks the folder and says it in one line.
     verbosity = hf_logging.get_verbosity()

@@ -34,6 +34,7 @@ TINY = QwenConfig.tiny(hidden_size=32, intermediate_size=64, num_hidden_layers=2
                        num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                        tie_word_embeddings=False)
 GROUPS, SIZE = 2, 4
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
 MOVES = ["Up", "Down", "Left", "Right", "Jump", "Up || Left"]
 
 
@@ -84,17 +85,24 @@ def test_turn_rows_carry_their_episodes_advantage(rollout, estimator):
         np.testing.assert_allclose(per_episode, np.asarray(want), atol=1e-5)
 
 
-def _pg_gradient(model, rows, advantages, agg):
+def _pg_gradients(model, rows, advantages):
+    """Per aggregation mode, the policy gradient of the rows' token-level objective; and their
+    (old) log-probs. One compiled program (op by op it takes a minute of CPU)."""
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    old, _ = token_logprobs(model, rows.input_ids, rows.attention_mask, rows.positions)
-    batch = TrainBatch(rows.input_ids, rows.attention_mask, rows.positions, rows.loss_mask,
-                       old, advantages)
-    config = update_settings(entropy_coeff=0.0, loss_agg_mode=agg)
 
-    def loss(p):
-        num, (den, _) = actor_objective(nnx.merge(graphdef, p, rest), batch, config)
-        return num / den
-    return jax.grad(loss)(params), old
+    @jax.jit
+    def gradients(params, rows, advantages):
+        model = nnx.merge(graphdef, params, rest)
+        old, _ = token_logprobs(model, rows.input_ids, rows.attention_mask, rows.positions)
+        batch = TrainBatch(rows.input_ids, rows.attention_mask, rows.positions, rows.loss_mask,
+                           old, advantages)
+
+        def loss(p, agg):
+            config = update_settings(entropy_coeff=0.0, loss_agg_mode=agg)
+            num, (den, _) = actor_objective(nnx.merge(graphdef, p, rest), batch, config)
+            return num / den
+        return {agg: jax.grad(loss)(params, agg) for agg in AGGREGATIONS}, old
+    return gradients(params, rows, advantages)
 
 
 def test_full_context_turn_rows_give_the_trajectory_gradient(rollout):
@@ -109,23 +117,22 @@ def test_full_context_turn_rows_give_the_trajectory_gradient(rollout):
     adv_traj, _ = step_advantages(s, traj)
     adv_turn, _ = step_advantages(s, turns)
     assert float(jnp.abs(adv_traj).sum()) > 0
-    g_traj, lp_traj = _pg_gradient(model, traj, adv_traj, "token-mean")
-    g_turn, lp_turn = _pg_gradient(model, turns, adv_turn, "token-mean")
+    g_traj, lp_traj = _pg_gradients(model, traj, adv_traj)
+    g_turn, lp_turn = _pg_gradients(model, turns, adv_turn)
     # The answers' log-probs are the same numbers in both layouts.
     mask_traj, mask_turn = np.asarray(traj.loss_mask) > 0, np.asarray(turns.loss_mask) > 0
     per_episode = [np.asarray(lp_turn)[np.asarray(turns.episode_index) == e][
         mask_turn[np.asarray(turns.episode_index) == e]] for e in range(GROUPS * SIZE)]
     np.testing.assert_allclose(np.concatenate(per_episode), np.asarray(lp_traj)[mask_traj],
                                atol=1e-5)
-    leaves_traj, leaves_turn = jax.tree.leaves(g_traj), jax.tree.leaves(g_turn)
+    leaves_traj, leaves_turn = jax.tree.leaves(g_traj["token-mean"]), jax.tree.leaves(g_turn["token-mean"])
     scale = max(float(jnp.abs(g).max()) for g in leaves_traj)
     assert scale > 0
     for a, b in zip(leaves_traj, leaves_turn, strict=True):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5 * scale, rtol=1e-4)
-    g_seq, _ = _pg_gradient(model, turns, adv_turn, "seq-mean-token-mean")
-    g_seq_traj, _ = _pg_gradient(model, traj, adv_traj, "seq-mean-token-mean")
     assert not all(np.allclose(a, b, atol=1e-5 * scale) for a, b in zip(
-        jax.tree.leaves(g_seq), jax.tree.leaves(g_seq_traj), strict=True))
+        jax.tree.leaves(g_turn["seq-mean-token-mean"]),
+        jax.tree.leaves(g_traj["seq-mean-token-mean"]), strict=True))
 
 
 def test_turn_row_update_with_shared_prefixes(rollout):
