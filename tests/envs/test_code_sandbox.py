@@ -19,6 +19,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ragen_jax.envs.host import code_sandbox
 from ragen_jax.envs.host.code_sandbox import SandboxLimits, confinement_problem, run_program
@@ -334,8 +336,11 @@ def test_the_folder_has_a_quota(folder_mode, code):
 
 
 def test_the_folder_is_removed_whatever_the_program_did(folder_mode):
-    code = ("import os\nos.makedirs('a/b')\nopen('a/b/f', 'w').write('x')\n"
-            "os.chmod('a/b', 0)\nos.chmod('a', 0)\nos.symlink('/etc', 'etc')\nos.chmod('.', 0)")
+    # Folders it cannot list and files it cannot read, made with their modes at once (chmod
+    # is refused: test_no_file_outside_its_folder_changes_its_metadata).
+    code = ("import os\nos.mkdir('a', 0o300)\nos.makedirs('a/b/c')\nopen('a/b/c/f', 'w').write('x')\n"
+            "os.close(os.open('a/g', os.O_CREAT | os.O_WRONLY, 0))\nos.mkdir('a/b/d', 0)\n"
+            "os.symlink('/etc', 'etc')")
     runs, stopped, _ = run(code)
     assert runs[0].ran and stopped is None, runs[0].error
     assert not _folders() and os.path.isdir("/etc")
@@ -364,3 +369,220 @@ def test_a_killed_callers_folders_are_removed_by_the_next_caller(tmp_path, monke
     other.mkdir()
     code_sandbox._remove_stale_folders.__wrapped__()
     assert not stale.exists() and live.exists() and other.exists()
+
+
+# -- what outlives a program or escapes its rules, and how a program ends ---------------------
+
+def test_no_file_outside_its_folder_changes_its_metadata(tmp_path):
+    """Landlock governs no metadata and a root child owns root's files: mode (setuid
+    included), owner, times and extended attributes of a file elsewhere stay as they were;
+    inside its own folder the same calls are refused too (the kernel cannot tell them apart)."""
+    target = tmp_path / "interpreter"
+    target.write_bytes(b"\x7fELF")
+    target.chmod(0o755)
+    try:
+        os.setxattr(target, "user.before", b"1")
+        xattrs = True
+    except OSError:  # a file system without user xattrs: that route is closed anyway
+        xattrs = False
+    before = os.stat(target)
+    attempts = {
+        "setuid bit": f"import os\nos.chmod({str(target)!r}, 0o4755)",
+        "unreadable interpreter": f"import os\nos.chmod({str(target)!r}, 0o644)",
+        "chown to itself (clears setuid bits)": f"import os\nos.chown({str(target)!r}, 0, 0)",
+        "times": f"import os\nos.utime({str(target)!r}, (0, 0))",
+        "xattr": f"import os\nos.setxattr({str(target)!r}, 'user.pwned', b'1')",
+        "xattr removed": f"import os\nos.removexattr({str(target)!r}, 'user.before')",
+        "its own file's mode": "import os\nopen('f', 'w').close()\nos.chmod('f', 0o4755)",
+    }
+    for what, code in attempts.items():
+        runs, stopped, _ = run(code)
+        assert not runs[0].ran and stopped is None, (what, runs[0])
+        assert runs[0].error.startswith("PermissionError"), (what, runs[0].error)
+    after = os.stat(target)
+    assert (after.st_mode, after.st_uid, after.st_gid, after.st_mtime_ns) == \
+        (before.st_mode, before.st_uid, before.st_gid, before.st_mtime_ns)
+    if xattrs:
+        assert os.listxattr(target) == ["user.before"]
+
+
+def test_no_watch_reveals_another_folders_activity():
+    for code in ("import ctypes\nassert ctypes.CDLL(None).inotify_init1(0) >= 0",
+                 "import ctypes\nassert ctypes.CDLL(None).inotify_init() >= 0",
+                 "import ctypes\nassert ctypes.CDLL(None).fanotify_init(0, 0) >= 0"):
+        runs, _, _ = run(code)
+        assert not runs[0].ran and "AssertionError" in runs[0].error, (code, runs[0].error)
+
+
+SHM_KEY = 0x52414745  # "RAGE": a System V key of this test's own
+
+
+def _segments(key: int) -> list[str]:
+    """The host IPC namespace's shared-memory segments under ``key``."""
+    rows = Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
+    return [row for row in rows if int(row.split()[0]) == key]
+
+
+def _remove_segments(key: int) -> None:
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    while (shmid := libc.shmget(key, 0, 0)) >= 0:
+        libc.shmctl(shmid, 0, None)  # IPC_RMID
+
+
+@pytest.mark.skipif(not Path("/proc/sysvipc/shm").exists(), reason="no System V IPC here")
+def test_no_ipc_object_outlives_the_program_or_reaches_anothers():
+    """seccomp refuses System V IPC, POSIX queues and memfds; and without seccomp (resource
+    limits only) the program's IPC namespace is its own: what it makes dies with it, and a
+    segment of this process's is out of its sight."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    ours_id = libc.shmget(SHM_KEY + 1, 4096, 0o1600)  # IPC_CREAT | 0600
+    assert ours_id >= 0
+    make = (f"import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            f"shmid = libc.shmget({SHM_KEY}, 8 << 20, 0o1600)\nassert shmid >= 0, ctypes.get_errno()\n"
+            "print('made')\n")
+    theirs = (f"import ctypes\nassert ctypes.CDLL(None).shmget({SHM_KEY + 1}, 0, 0) >= 0, 'not found'\n")
+    try:
+        for code in (make, theirs, "import ctypes\nassert ctypes.CDLL(None).msgget(0, 0o1600) >= 0",
+                     "import ctypes\nassert ctypes.CDLL(None).semget(0, 1, 0o1600) >= 0",
+                     "import os\nos.memfd_create('ram')",
+                     "import ctypes\nassert ctypes.CDLL(None).mq_open(b'/q', 0o100 | 2, 0o600, None) >= 0"):
+            runs, _, _ = run(code)
+            assert not runs[0].ran, (code, runs[0])
+        assert not _segments(SHM_KEY)
+        runs, _, _ = run(make, confine=False)
+        assert runs[0].ran and runs[0].output == "made\n", runs[0]
+        assert code_sandbox.last_setup.get("ipc") == "own namespace", code_sandbox.last_setup
+        assert not _segments(SHM_KEY)  # gone with the program's namespace
+        runs, _, _ = run(theirs, confine=False)
+        assert not runs[0].ran and "not found" in runs[0].error
+        assert libc.shmctl(ours_id, 2, ctypes.create_string_buffer(256)) == 0  # IPC_STAT: intact
+    finally:
+        _remove_segments(SHM_KEY)
+        _remove_segments(SHM_KEY + 1)
+
+
+def test_memfds_do_not_hold_memory_past_the_limit():
+    code = ("import os\nfds = [os.memfd_create(f'm{i}') for i in range(50)]\n"
+            "for fd in fds:\n    os.write(fd, b'x' * (8 << 20))")
+    runs, _, _ = run(code)
+    assert not runs[0].ran and runs[0].error.startswith("PermissionError"), runs[0].error
+
+
+RESULTS = "import os, sys\nfd = int(sys.argv[1])  # the results descriptor\n"
+
+
+@pytest.mark.parametrize("code, stop", [
+    ("import os\nos.kill(os.getpid(), 40)", "killed by SIGRTMIN+"),
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGRTMAX - 1)", "killed by SIGRTMIN+"),
+    ("import ctypes\nctypes.string_at(0)", "killed by SIGSEGV"),
+    ("import os\nos.abort()", "killed by SIGABRT"),
+    ("import os\nos._exit(77)", "exit status 77"),
+    (RESULTS + "os.write(fd, b'[' * 100000 + b'\\n')", "results tampered"),
+    (RESULTS + "os.write(fd, b'[' * 100000)", "results tampered"),  # the child's line joins it
+    (RESULTS + "os.write(fd, os.urandom(50000) + b'\\n')", "results tampered"),
+    (RESULTS + "os.write(fd, b'{\"i\": 1, \"ok\": true, \"out\": \"4\\\\n\"}\\n')", "results tampered"),
+    (RESULTS + "os.close(fd)\nprint(4)", "exit status 1"),  # the child cannot report
+])
+def test_every_way_a_program_ends_is_its_own_failure(code, stop):
+    """A wrong answer cannot make itself the caller's error (an env error is left out of the
+    update instead of scoring 0): any signal, exit status or bytes on any descriptor end as
+    this program's failed tests, with the reason said, never as an exception here."""
+    runs, stopped, _ = run(code, [{"kind": "stdin", "stdin": "2"}] * 2)
+    assert len(runs) == 2 and not runs[0].ran and not runs[1].ran, runs
+    assert stopped is not None and stopped.startswith(stop), stopped
+    assert stop in runs[0].error, runs[0].error
+
+
+def test_a_flood_of_result_lines_costs_the_caller_little():
+    """Lines that are not results stop the reading at the first, so a flood costs the parent
+    neither its CPU nor its memory (it read 109 MiB and spent 4.3 s parsing before)."""
+    flood = RESULTS + "chunk = b'12\\n' * (1 << 20)\nfor _ in range(40):\n    os.write(fd, chunk)"
+    start = time.thread_time()
+    runs, stopped, _ = run(flood, STDIN * 3, time_limit=20.0)
+    assert stopped.startswith("results tampered") and not any(r.ran for r in runs)
+    assert time.thread_time() - start < 1.0
+    endless_line = RESULTS + "chunk = b'x' * (1 << 20)\nos.write(fd, b'\"')\nfor _ in range(200):\n    os.write(fd, chunk)"
+    start = time.thread_time()
+    runs, stopped, _ = run(endless_line, STDIN * 3, time_limit=20.0, output_limit=4096)
+    assert stopped == "results tampered (a line past its length)" and not any(r.ran for r in runs)
+    assert time.thread_time() - start < 1.0
+
+
+def test_results_after_the_last_test_are_ignored_and_outputs_fit_their_line():
+    """The child writes each result within ``line_bytes``: an output of control characters
+    is cut to fit, a large ASCII output is kept whole; the parent reads nothing after the
+    last test's line."""
+    runs, stopped, _ = run("print('\\x01' * 8000)", output_limit=8192)
+    assert runs[0].ran and stopped is None and 0 < len(runs[0].output) < 8001
+    runs, stopped, _ = run("print('ab\\n' * 2000, end='')", output_limit=6000)
+    assert runs[0].ran and runs[0].output == "ab\n" * 2000, len(runs[0].output)
+    code = (RESULTS + "import atexit\natexit.register(lambda: os.write(fd, b'junk\\n' * 1000))\n"
+            "print(int(input()) * 2)")
+    runs, stopped, _ = run(code, [{"kind": "stdin", "stdin": "21"}])
+    assert runs[0].ran and runs[0].output == "42\n" and stopped is None
+
+
+@pytest.mark.parametrize("data", [b"", b"\n", b"{}\n", b"[[[[", b"\xff\xfe\n" * 3,
+                                  b'{"setup": {}}\n{"i": 0, "ok": true, "out": "1"}\n' * 4])
+def test_the_results_reader_takes_any_bytes(data):
+    """Whatever arrives, in any chunks: at most one result per test, in order, no exception."""
+    @settings(max_examples=60, deadline=None)
+    @given(st.binary(max_size=400), st.lists(st.integers(1, 50), max_size=20))
+    def check(noise, cuts):
+        stream = data + noise
+        reader = code_sandbox._Results(2, 200)
+        at = 0
+        for cut in cuts + [len(stream)]:
+            reader.feed(stream[at:at + cut])
+            at += cut
+        assert len(reader.runs) <= 2
+        assert all(isinstance(r, code_sandbox.TestRun) for r in reader.runs)
+
+    check()
+
+
+def _world_readable_interpreter() -> str | None:
+    """A system interpreter whose standard library any user can read (the uid switch needs
+    one), with the sandbox's libraries also readable by any user; None when there is none."""
+    from ragen_jax.envs.host.sandbox_child import _readable_by_anyone
+
+    for path in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if not os.access(path, os.X_OK):
+            continue
+        probe = subprocess.run([path, "-I", "-S", "-c", "import sys; print(sys.version_info[:2] >= (3, 10)); print('\\n'.join(sys.path))"],
+                               capture_output=True, text=True)
+        lines = probe.stdout.splitlines()
+        if probe.returncode or lines[:1] != ["True"]:
+            continue
+        dirs = [p for p in lines[1:] if os.path.isdir(p)] + list(code_sandbox._library_dirs())
+        if all(_readable_by_anyone(p) for p in dirs):
+            return path
+    return None
+
+
+def test_a_root_callers_program_runs_as_an_unused_uid(tmp_path, monkeypatch):
+    """Where the interpreter is readable by any user, a root caller's child becomes a uid of
+    its own: root's files are not its own even with seccomp's metadata rules off (resource
+    limits only), and its own folder, the standard library and its tests still work."""
+    if os.geteuid() != 0:
+        pytest.skip("the uid switch is a root caller's")
+    interpreter = _world_readable_interpreter()
+    if interpreter is None:
+        pytest.skip("no interpreter here whose library any user can read")
+    monkeypatch.setattr(code_sandbox, "INTERPRETER", interpreter)
+    target = tmp_path / "roots"
+    target.write_text("x")
+    target.chmod(0o644)
+    tmp_path.chmod(0o755)
+    ordinary = ("import os, json, heapq\nopen('scratch', 'w').write('7')\n"
+                "print(os.getuid() - os.getpid(), open('scratch').read())")
+    for confine in (True, False):
+        runs, stopped, _ = run(ordinary, confine=confine)
+        assert runs[0].ran and stopped is None, runs[0]
+        assert runs[0].output == f"{0xF0000000} 7\n", runs[0].output
+        assert code_sandbox.last_setup["uid"].isdigit(), code_sandbox.last_setup
+    runs, _, _ = run(f"import os\nos.chmod({str(target)!r}, 0o4777)", confine=False)
+    assert not runs[0].ran and runs[0].error.startswith("PermissionError"), runs[0]
+    assert target.stat().st_mode & 0o7777 == 0o644

@@ -139,6 +139,11 @@ def test_partial_credit_feedback_and_retries():
     "import os\nwhile True:\n    os.write(1, b'x' * 65536)",
     "raise SystemExit(0)",
     "import os\nos._exit(0)",
+    # endings that once became the caller's error (an env error, left out of the update)
+    # instead of the answer's 0: a signal with no name, and its results channel misused
+    "import os\nos.kill(os.getpid(), 40)",
+    "import os, sys\nos.write(int(sys.argv[1]), b'[' * 100000 + b'\\n')",
+    "import os, sys\nfor _ in range(40):\n    os.write(int(sys.argv[1]), b'12\\n' * (1 << 20))",
 ])
 def test_every_escape_costs_one_episode(escape):
     env = DeepCoder(data_path=str(SAMPLE), time_limit=1.0)

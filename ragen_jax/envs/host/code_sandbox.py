@@ -6,6 +6,10 @@ with an empty environment, in its own session (``posix_spawn``: no Python runs b
 and exec, safe beside JAX's threads). Before the program's text is even compiled the child
 confines itself for good (``sandbox_child.py``):
 
+- a uid of its own: a root caller's child becomes an unused uid (``UNUSED_UID_BASE`` + its
+  pid), so that root's files are not its own, where every folder the interpreter imports
+  from is readable by any user; an interpreter under a private home (``/root``, mode 0700)
+  keeps root's uid, said once in the log, and relies on the rules below;
 - resource limits (CPU seconds, address space, file size, open files, no core dumps) it can
   no longer raise, ``no_new_privs``, and no capabilities (a root caller's child drops them
   all, bounding set included: a root without powers);
@@ -17,7 +21,14 @@ confines itself for good (``sandbox_child.py``):
   loopback), no ``fork``/``vfork``/process-creating ``clone``, no ``execve``, no signals to
   other processes, and no file owner that the kernel would signal for it (``fcntl``'s
   ``F_SETOWN``, ``F_SETOWN_EX``, ``F_SETSIG``; the ``FIOSETOWN`` and ``SIOCSPGRP`` ioctls),
-  no ptrace, mounts, namespaces, BPF, module loading or uid changes;
+  no ptrace, mounts, namespaces, BPF, module loading or uid changes; no change to any file's
+  mode, owner, times, extended attributes or inode flags, and no leases (Landlock does not
+  govern metadata, so these are refused everywhere, its own folder included); no System V
+  IPC, POSIX message queues or memfds (what would outlive it, or hold RAM its address-space
+  limit does not count) and no inotify or fanotify watches (which would reveal other
+  folders' activity);
+- **an IPC namespace** of its own, behind seccomp: whatever IPC object it could make dies
+  with it;
 - **Landlock's signal scope** (ABI 6, Linux >= 6.12) behind seccomp: no signal, by any route,
   reaches a process outside the program's own domain; an older kernel is said once in the log;
 - **a folder quota**: its directory is a tmpfs of its own (``folder_mb`` bytes,
@@ -29,7 +40,11 @@ confines itself for good (``sandbox_child.py``):
 The parent gives the child only the tests' inputs; it keeps the expected outputs and judges
 each test itself, so a program that forges result lines gains nothing it did not compute. A
 test's result reaches the parent as soon as the test ends: a program that times out keeps
-the tests it passed before. The parent stops the program (SIGKILL to its process group) at
+the tests it passed before. The parent reads one setup line and then one line per test, in
+order, each at most ``sandbox_child.line_bytes(output_limit)`` bytes, and nothing more: a
+line that is not the next test's well-formed result stops the program (``"results
+tampered"``), and every way a program can end (any signal, any exit status, any bytes on any
+descriptor) is the program's failure, never an error of the caller. The parent stops the program (SIGKILL to its process group) at
 its wall-clock limit or when it writes more than ``output_limit`` bytes to its real stdout;
 inside, each test's captured output is capped too, and the CPU-time limit stops a busy loop
 even where wall-clock time is generous. The directory is removed whatever the program left
@@ -60,7 +75,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ragen_jax.envs.host.sandbox_child import line_bytes
+
 CHILD = Path(__file__).with_name("sandbox_child.py")
+INTERPRETER = sys.executable  # what runs the child (and so the programs)
 UNCONFINED = "--unconfined"  # the child's flag for resource limits only
 PREFIX = "ragen_sandbox_"  # + the caller's pid + "_": a folder whose caller died is stale
 WATCH_S = 0.02  # how often the parent measures the folder where the kernel cannot bound it
@@ -144,31 +162,68 @@ def require_confinement() -> None:
                                      "no file or network isolation: env.params.confine=False)")
 
 
-def _parse_setup(data: bytes) -> dict[str, Any] | None:
-    """The child's first line (how it is confined), once it has arrived; {} when the first
-    line is something else."""
-    if b"\n" not in data:
-        return None
-    try:
-        setup = json.loads(data.split(b"\n", 1)[0])["setup"]
-    except (ValueError, TypeError, KeyError):
-        return {}
-    return setup if isinstance(setup, dict) else {}
+class _Results:
+    """The child's results descriptor, read as it arrives: its setup line, then one line per
+    test in test order, each at most ``line_limit`` bytes (what ``sandbox_child.fit_line``
+    writes). Whatever else a program writes there ends the reading: ``problem`` says what,
+    and the tests not yet reported are not run. Bytes after the last test are ignored."""
 
+    def __init__(self, count: int, line_limit: int):
+        self.count, self.line_limit = count, line_limit
+        self.setup: dict[str, Any] | None = None
+        self.runs: list[TestRun] = []
+        self.problem: str | None = None
+        self._pending = bytearray()
 
-def _parse_results(data: bytes, count: int) -> dict[int, TestRun]:
-    """The first well-formed line for each test index; anything else is ignored."""
-    runs: dict[int, TestRun] = {}
-    for line in data.decode("utf-8", "replace").splitlines():
+    @property
+    def closed(self) -> bool:
+        """Nothing more is read: the last test's line came, or the channel was misused."""
+        return self.problem is not None or (self.setup is not None and len(self.runs) == self.count)
+
+    def feed(self, chunk: bytes) -> None:
+        if self.closed:
+            return
+        start = len(self._pending)
+        self._pending += chunk
+        while not self.closed:
+            end = self._pending.find(b"\n", start)
+            if end < 0:
+                if len(self._pending) > self.line_limit:
+                    self.problem = "results tampered (a line past its length)"
+                return
+            line = bytes(self._pending[:end])
+            del self._pending[:end + 1]
+            start = 0
+            if len(line) > self.line_limit:
+                self.problem = "results tampered (a line past its length)"
+            else:
+                self._line(line)
+
+    def _line(self, line: bytes) -> None:
         try:
             row = json.loads(line)
-            i = row["i"]
-        except (ValueError, TypeError, KeyError):
-            continue
-        if isinstance(i, int) and 0 <= i < count and i not in runs:
-            runs[i] = TestRun(bool(row.get("ok")), str(row.get("out") or ""), row.get("json"),
-                              None if row.get("err") is None else str(row.get("err")))
-    return runs
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
+            row = None
+        if self.setup is None:
+            setup = row.get("setup") if isinstance(row, dict) else None
+            self.setup = setup if isinstance(setup, dict) else {}
+            return
+        if not (isinstance(row, dict) and row.get("i") == len(self.runs)
+                and isinstance(row.get("ok"), bool) and isinstance(row.get("out"), str)
+                and (row.get("err") is None or isinstance(row.get("err"), str))):
+            self.problem = f"results tampered (test {len(self.runs)}'s line is not its result)"
+            return
+        self.runs.append(TestRun(row["ok"], row["out"], row.get("json"), row.get("err")))
+
+
+def _signal_name(number: int) -> str:
+    """SIGKILL, SIGRTMIN+6, ...: any number a process can be killed by, named."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        if signal.SIGRTMIN <= number <= signal.SIGRTMAX:
+            return f"SIGRTMIN+{number - signal.SIGRTMIN}"
+        return f"signal {number}"
 
 
 def run_program(code: str, tests: list[dict[str, Any]], func_name: str | None = None,
@@ -271,21 +326,27 @@ last_setup: dict[str, Any] = {}
 
 
 def _say_setup(setup: dict[str, Any]) -> None:
-    """What this machine's kernel could not give the sandbox, said once per process."""
+    """What this machine could not give the sandbox, said once per process."""
     notes = {"folder": "the sandbox's folder quota is watched from outside, not enforced by "
                        "the kernel",
              "signals": "the sandbox's signals are confined by seccomp alone, without "
-                        "Landlock's signal scope"}
+                        "Landlock's signal scope",
+             "ipc": "the sandbox's System V IPC is refused by seccomp alone, without an IPC "
+                    "namespace of its own",
+             "uid": "the sandbox's programs keep the caller's uid (root's files stay their "
+                    "own; seccomp refuses changes to any file's metadata)"}
+    fine = {"folder": ("tmpfs",), "signals": ("landlock", "not confined"), "ipc": ("own namespace",)}
     for key, note in notes.items():
         value = str(setup.get(key, ""))
-        if value not in ("tmpfs", "landlock", "not confined") and note not in _said:
+        ok = value.isdigit() if key == "uid" else value in fine[key]
+        if not ok and note not in _said:
             _said.add(note)
             log.warning("%s (%s)", note, value or "no report")
 
 
 def _run_child(workdir: str, count: int, limits: SandboxLimits):
     results_r, results_w = os.pipe()
-    argv = [sys.executable, "-I", "-S", "-B", str(CHILD)]
+    argv = [INTERPRETER, "-I", "-S", "-B", str(CHILD)]
     argv += [str(results_w)] + (list(_library_dirs()) if limits.confine else [UNCONFINED])
     try:
         proc = subprocess.Popen(
@@ -297,8 +358,8 @@ def _run_child(workdir: str, count: int, limits: SandboxLimits):
         raise
     os.close(results_w)
     stopped = None
-    got_results, stdout_bytes = bytearray(), 0
-    setup = None
+    results = _Results(count, line_bytes(limits.output_limit))
+    stdout_bytes = after_results = 0
     # Until the child says its folder is a tmpfs of its own, the parent measures it.
     watch = True
     deadline = time.monotonic() + limits.time_limit + 1.0  # + the interpreter's start-up
@@ -321,14 +382,19 @@ def _run_child(workdir: str, count: int, limits: SandboxLimits):
                 if not chunk:
                     selector.unregister(key.fileobj)
                 elif key.data == "results":
-                    got_results += chunk
-                    if setup is None and (setup := _parse_setup(bytes(got_results))) is not None:
-                        _say_setup(setup)
+                    if results.closed:  # past the last test: drained, not kept
+                        after_results += len(chunk)
+                        if after_results > results.line_limit:
+                            stopped = "output limit"
+                        continue
+                    had_setup = results.setup is not None
+                    results.feed(chunk)
+                    if not had_setup and results.setup is not None:
+                        _say_setup(results.setup)
                         last_setup.clear()
-                        last_setup.update(setup)
-                        watch = setup.get("folder") != "tmpfs"
-                    if len(got_results) > 4 * limits.output_limit * max(count, 1):
-                        stopped = "output limit"
+                        last_setup.update(results.setup)
+                        watch = results.setup.get("folder") != "tmpfs"
+                    stopped = results.problem
                 else:
                     stdout_bytes += len(chunk)
                     if stdout_bytes > limits.output_limit:
@@ -346,11 +412,10 @@ def _run_child(workdir: str, count: int, limits: SandboxLimits):
         proc.stdout.close()
         status = proc.wait()
     if stopped is None and status != 0:
-        stopped = (f"killed by {signal.Signals(-status).name}" if status < 0
+        stopped = (f"killed by {_signal_name(-status)}" if status < 0
                    else f"exit status {status}")
         if status == -signal.SIGXCPU:  # the CPU-time limit
             stopped = "time limit"
-    runs = _parse_results(bytes(got_results), count)
-    return [runs.get(i, TestRun(False, error=f"not run ({stopped or 'no result'})"))
-            for i in range(count)], stopped
-
+    runs = results.runs
+    return runs + [TestRun(False, error=f"not run ({stopped or 'no result'})")
+                   for _ in range(count - len(runs))], stopped
