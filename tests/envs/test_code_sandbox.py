@@ -586,3 +586,12 @@ def test_a_root_callers_program_runs_as_an_unused_uid(tmp_path, monkeypatch):
     runs, _, _ = run(f"import os\nos.chmod({str(target)!r}, 0o4777)", confine=False)
     assert not runs[0].ran and runs[0].error.startswith("PermissionError"), runs[0]
     assert target.stat().st_mode & 0o7777 == 0o644
+
+
+def test_a_child_that_fails_before_the_program_is_the_sandboxs_error(tmp_path, monkeypatch):
+    """Scored as the answer's failure it would hide a broken sandbox behind zero rewards."""
+    child = tmp_path / "child.py"
+    child.write_text("raise SystemExit('no confinement for you')\n")
+    monkeypatch.setattr(code_sandbox, "CHILD", child)
+    with pytest.raises(RuntimeError, match="failed before any program ran.*no confinement for you"):
+        run("print(1)")

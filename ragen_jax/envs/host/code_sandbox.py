@@ -44,7 +44,8 @@ the tests it passed before. The parent reads one setup line and then one line pe
 order, each at most ``sandbox_child.line_bytes(output_limit)`` bytes, and nothing more: a
 line that is not the next test's well-formed result stops the program (``"results
 tampered"``), and every way a program can end (any signal, any exit status, any bytes on any
-descriptor) is the program's failure, never an error of the caller. The parent stops the program (SIGKILL to its process group) at
+descriptor) is the program's failure, never an error of the caller. A child that fails before
+any program has run (its setup line never came) is the sandbox's own failure and raises. The parent stops the program (SIGKILL to its process group) at
 its wall-clock limit or when it writes more than ``output_limit`` bytes to its real stdout;
 inside, each test's captured output is capped too, and the CPU-time limit stops a busy loop
 even where wall-clock time is generous. The directory is removed whatever the program left
@@ -81,6 +82,7 @@ CHILD = Path(__file__).with_name("sandbox_child.py")
 INTERPRETER = sys.executable  # what runs the child (and so the programs)
 UNCONFINED = "--unconfined"  # the child's flag for resource limits only
 PREFIX = "ragen_sandbox_"  # + the caller's pid + "_": a folder whose caller died is stale
+HEAD_BYTES = 4096  # the child's first output kept, to say why it failed before the program ran
 WATCH_S = 0.02  # how often the parent measures the folder where the kernel cannot bound it
 # The child's own tmpfs as its folder where the kernel allows it; False: the parent watches a
 # folder on the real disk (the fallback on kernels without user namespaces; tests use it).
@@ -360,6 +362,7 @@ def _run_child(workdir: str, count: int, limits: SandboxLimits):
     stopped = None
     results = _Results(count, line_bytes(limits.output_limit))
     stdout_bytes = after_results = 0
+    head = bytearray()  # the child's first output: its traceback if it failed before the program
     # Until the child says its folder is a tmpfs of its own, the parent measures it.
     watch = True
     deadline = time.monotonic() + limits.time_limit + 1.0  # + the interpreter's start-up
@@ -396,6 +399,8 @@ def _run_child(workdir: str, count: int, limits: SandboxLimits):
                         watch = results.setup.get("folder") != "tmpfs"
                     stopped = results.problem
                 else:
+                    if stdout_bytes < HEAD_BYTES:
+                        head += chunk[:HEAD_BYTES - stdout_bytes]
                     stdout_bytes += len(chunk)
                     if stdout_bytes > limits.output_limit:
                         stopped = "output limit"
@@ -411,6 +416,11 @@ def _run_child(workdir: str, count: int, limits: SandboxLimits):
                 pass
         proc.stdout.close()
         status = proc.wait()
+    if results.setup is None and stopped is None:
+        # No program has run before the setup line: this is the sandbox failing, not an answer.
+        tail = head.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"the code sandbox's child failed before any program ran (status "
+                           f"{status}): {tail[0][:300]}")
     if stopped is None and status != 0:
         stopped = (f"killed by {_signal_name(-status)}" if status < 0
                    else f"exit status {status}")

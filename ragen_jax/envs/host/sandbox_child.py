@@ -174,10 +174,14 @@ def unprivileged(libdirs: list) -> str:
     if closed:
         return f"kept root's, without capabilities: {closed[0]} is not readable by other users"
     uid = UNUSED_UID_BASE + os.getpid()
-    os.chown(".", uid, uid)
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)
+    try:
+        os.chown(".", uid, uid)
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    except OSError as e:  # a root without CAP_SETUID (some containers): the folder back to root
+        os.chown(".", 0, 0)
+        return f"kept root's, without capabilities: {e}"
     # A change of uid makes the process undumpable, which gives /proc/self to root and so
     # keeps it from writing its own user namespace's maps (private_folder).
     _libc().prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
