@@ -251,6 +251,8 @@ def test_a_non_loopback_bind_needs_a_token_and_limits_must_be_sane():
                        (("--host", "::"), "not loopback"),
                        (("--max-body-bytes", "0"), "max_body_bytes must be > 0"),
                        (("--session-ttl", "nan"), "session_ttl must be > 0"),
+                       (("--header-timeout", "0"), "header_timeout must be > 0"),
+                       (("--max-connections", "99999999"), "open files"),
                        (("--token", "two words"), "visible ASCII")]:
         done = _cli(*args, "--port", str(_port()))
         assert done.returncode == 2 and text in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
@@ -262,15 +264,15 @@ def test_a_non_loopback_bind_needs_a_token_and_limits_must_be_sane():
 
 # -- connections: header and body timeouts, the connection cap --------------------------------
 
-OPEN_FILES = 200  # the guarded server's open-file limit: a flood of 300 connections passes it
-FLOOD = 300
+OPEN_FILES = 256  # the guarded server's open-file limit (what 40 connections need), under FLOOD
+FLOOD = 400
 HALF_SENT = b"POST /sessions HTTP/1.1\r\nHost: x\r\n"  # a request whose headers never end
 
 
 @pytest.fixture(scope="module")
 def guarded():
     """Faulty served with a token, 1 s header and body timeouts, at most 40 connections, in a
-    process allowed 200 open files."""
+    process allowed 256 open files."""
     port = _port()
 
     def few_files() -> None:
@@ -283,10 +285,13 @@ def guarded():
         env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)), preexec_fn=few_files)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
-    while server.poll() is None and time.monotonic() < deadline:
+    while True:
         with contextlib.suppress(httpx.TransportError):
             httpx.get(f"{url}/info", timeout=1.0)
             break
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            raise RuntimeError("the guarded env server did not start")
         time.sleep(0.1)
     yield url, port
     _stop(server)
@@ -306,7 +311,7 @@ def _closed_by_server(sockets: list[socket.socket], within: float) -> bool:
 
 
 def test_a_flood_of_half_sent_requests_shuts_no_client_out_and_is_closed(guarded):
-    """300 connections each holding half a request line (past the server's 200 open files):
+    """400 connections each holding half a request line (past the server's 256 open files):
     a token holder's request still gets in while they are held, and the server closes every
     one of them, the 40 it keeps once their 1 s header timeout passes."""
     url, port = guarded

@@ -193,6 +193,9 @@ SEED_RANGE = (-2**63, 2**64)  # any int64 or uint64 seed; a longer int is refuse
 SLOT_BYTES = 8  # the list slot each kept action takes besides its string
 CLIENT_PREFIX = {4: 24, 6: 64}  # the prefix length of a client's address range, by IP version
 FD_RESERVE = 64  # file descriptors besides the connections: listening socket, event loop, stdio
+# Connections the kernel queues for accepting. asyncio accepts up to this many in one go before
+# the connection guard sees any, so the open files must hold them besides max_connections.
+ACCEPT_BACKLOG = 128
 FD_PER_WORKER = 3  # each worker process's pipe, its sentinel and a spare, in the server
 
 
@@ -647,19 +650,23 @@ def main(argv: list[str] | None = None) -> None:
 
     guard = ConnectionGuard(limits.header_timeout, limits.max_connections, token)
     uvicorn.run(make_app(family, workers=workers, limits=limits, token=token),
-                host=args.host, port=args.port, log_level="warning", http=guard.protocol())
+                host=args.host, port=args.port, log_level="warning", http=guard.protocol(),
+                backlog=ACCEPT_BACKLOG)
 
 
 def _make_room_for(connections: int, workers: int) -> None:
     """Raises this process's open-file limit to what ``connections`` and ``workers`` need, up
     to the hard limit: past the limit, accepting a connection fails for every client."""
-    need = connections + FD_RESERVE + FD_PER_WORKER * workers
+    need = connections + ACCEPT_BACKLOG + FD_RESERVE + FD_PER_WORKER * workers
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < need:
-        if hard != resource.RLIM_INFINITY and hard < need:
+        try:
+            if hard != resource.RLIM_INFINITY and hard < need:
+                raise ValueError(f"over this process's hard limit of {hard}")
+            resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+        except (ValueError, OSError) as e:  # the kernel's ceiling (nr_open) refuses as well
             raise ValueError(f"--max-connections {connections} with {workers} workers needs "
-                             f"{need} open files, over this process's hard limit of {hard}")
-        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+                             f"{need} open files: {e}") from None
 
 
 if __name__ == "__main__":
