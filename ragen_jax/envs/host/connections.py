@@ -14,10 +14,14 @@ So here:
   has waited longest between requests (its headers not yet complete, or idle after a
   response), those that have not shown the token first; a connection inside a request (its
   headers read, its response not yet sent) is never closed for another, so a client that
-  sends its request at once always gets in, whatever number of idle ones arrive around it.
+  sends its request as it connects gets in unless ``max_connections`` newer connections
+  arrive before its headers do, however many idle ones are held.
 
 With a token, a connection becomes its holder's once one of its requests carries the token;
-anonymous connections cannot push a holder's idle connection out, only each other.
+anonymous connections cannot push a holder's idle connection out, only each other (a new one
+is closed when no other anonymous one waits). asyncio accepts up to the listen backlog of
+connections in one go before the guard sees them, so the process's open files must hold
+``max_connections`` plus that backlog (``serve.main`` sees to both).
 """
 
 from __future__ import annotations

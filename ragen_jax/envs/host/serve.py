@@ -72,12 +72,12 @@ actions on the fresh worker (their calls wait meanwhile, so a client's timeout s
 the server's ``step_timeout``). Each session's calls run one at a time, in order.
 
 The calls waiting for a worker go to it round robin across client addresses (``PoolService``),
-each address's in order: a client with many sessions in slow calls delays another's call by
-at most one of its calls (one per other address waiting), not by all of them. So a call may
-wait for its worker up to ``step_timeout`` per other address with calls queued there, plus
-its own: a client's timeout should exceed ``step_timeout`` by that margin (``RemoteEnv``'s 30 s
-default is the default ``step_timeout`` of one call ahead: raise it for a server shared with
-other clients stepping slow envs).
+each address's in order: a client with many sessions in slow calls delays another address's
+call by one of those calls at most, not by all of them. So a call waits for its worker at most
+a ``step_timeout`` for the call running there and one per other address with calls queued
+there, then runs its own: a client's timeout should cover that (``RemoteEnv``'s ``timeout``,
+30 s by default, the default ``step_timeout``: raise it for a server shared with other
+clients stepping slow envs).
 
 A JAX env is played one session at a time through ``JaxAsHost`` (its action names as the
 actions; each step's key folds the seed with the step count, so a served JAX episode is
@@ -244,12 +244,12 @@ class _EnvServer:
     """The server's state and endpoints: sessions (each a row of the pool), their histories
     (for rebuilding a crashed worker's rows) and the pool's driver thread."""
 
-    def __init__(self, family: HostEnvFamily, workers: int, limits: Limits, token: bool):
+    def __init__(self, family: HostEnvFamily, workers: int, limits: Limits, has_token: bool):
         self.service = PoolService(ProcessPool(family.factory, workers, family.step_timeout,
                                                memory_limit_mb=family.memory_limit_mb))
         self.info = {k: family.info[k] for k in ("name", "instruction")}
         self.info["action_names"] = list(family.info.get("action_names", ()))
-        self.limits, self.token = limits, token
+        self.limits, self.has_token = limits, has_token
         self.sessions: dict[str, _Session] = {}
         self.per_client: collections.Counter[str] = collections.Counter()
         self.histories = Histories()  # touched on the event loop's thread only
@@ -300,7 +300,7 @@ class _EnvServer:
         limits = self.limits
         address = request.client.host if request.client else ""
         # Every request here carries the token when there is one (_Authorize).
-        client = "token" if self.token else client_range(address)
+        client = "token" if self.has_token else client_range(address)
         if self.per_client[client] >= limits.max_sessions_per_client:
             return _error(429, f"this client holds {limits.max_sessions_per_client} sessions, the "
                                "server's limit per client (--max-sessions-per-client): close one "
@@ -419,7 +419,9 @@ def make_app(family: HostEnvFamily, *, workers: int | None = None, limits: Limit
              token: str | None = None) -> Any:
     """The Starlette app serving instances of ``family`` from a pool of ``workers`` processes
     within ``limits``, every request needing ``token`` if one is given (see the module
-    docstring); the pool ends when the app shuts down."""
+    docstring); the pool ends when the app shuts down. The limits on connections
+    (``header_timeout``, ``max_connections``) are the HTTP server's: ``main`` gives uvicorn
+    ``ConnectionGuard(...).protocol()`` as its ``http`` protocol, as any other runner must."""
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
     from starlette.routing import Route
