@@ -446,6 +446,18 @@ def test_sessions_are_capped_per_address_range_and_in_all():
                                     "10.0.3.1": [503]}
 
 
+def test_the_fair_queue_takes_clients_in_turn_each_in_order():
+    from ragen_jax.envs.host.pool_service import FairQueue
+
+    queue = FairQueue()
+    for item in ("a1", "a2", "a3", "b1", "b2"):
+        queue.put(item[0], item)
+    taken = [queue.take() for _ in range(3)]
+    queue.put("c", "c1")  # a newcomer joins behind the clients waiting
+    taken += [queue.take() for _ in range(3)]
+    assert taken == ["a1", "b1", "a2", "b2", "a3", "c1"] and not queue
+
+
 def test_a_client_with_many_slow_calls_delays_another_by_one():
     """Eight sessions of one address each step ``pause`` (0.3 s) on the only worker; a reset of
     another address sent once those are queued is served after at most two of them (the one
