@@ -460,8 +460,8 @@ def test_the_fair_queue_takes_clients_in_turn_each_in_order():
 
 def test_a_client_with_many_slow_calls_delays_another_by_one():
     """Eight sessions of one address each step ``pause`` (0.3 s) on the only worker; a reset of
-    another address sent once those are queued is served after at most two of them (the one
-    running and the next, round robin), not after all eight."""
+    another address sent once those are queued is served after at most two more of them (the
+    one running and the next, round robin), not after all eight."""
     async def probe():
         async with _in_process() as app:
             service = app.state.server.service
@@ -479,15 +479,17 @@ def test_a_client_with_many_slow_calls_delays_another_by_one():
 
             steps = [asyncio.create_task(call(greedy, f"/sessions/{sid}/step", {"action": "pause"}, "step"))
                      for sid in sids]
-            await _until(lambda: service.backlog() == 7)  # one running, seven waiting
+            # All eight queued: one running, the rest waiting (or, on a slow machine, done).
+            await _until(lambda: service.backlog() + len(finished) >= 7)
+            before = len(finished)
             await call(other, f"/sessions/{mine}/reset", {"seed": 1}, "reset")
             await asyncio.gather(*steps)
             await greedy.aclose()
             await other.aclose()
-            return finished
+            return before, finished
 
-    finished = asyncio.run(probe())
-    assert finished.index("reset") <= 2, finished
+    before, finished = asyncio.run(probe())
+    assert before <= 5 and finished.index("reset") <= before + 2, (before, finished)
 
 
 def test_a_delete_racing_a_call_leaves_no_history():
