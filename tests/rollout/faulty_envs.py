@@ -2,7 +2,7 @@
 worker processes can build them.
 
 ``Faulty`` plays a seed and obeys its action: ``win`` ends the episode won, ``go`` pays 1 and
-goes on, ``sleep`` never returns, ``regex`` spins in C holding the GIL (catastrophic
+goes on, ``pause`` takes 0.3 s and goes on, ``sleep`` never returns, ``regex`` spins in C holding the GIL (catastrophic
 backtracking), ``segv`` dereferences NULL, ``abort`` calls ``os.abort()``, ``leak`` allocates
 until it cannot, ``boom`` raises.
 """
@@ -24,7 +24,9 @@ _BACKTRACK = re.compile(r"(a+)+$")
 
 def fault(action: str) -> None:
     """Runs the fault ``action`` names (nothing for an ordinary action)."""
-    if action == "sleep":
+    if action == "pause":
+        time.sleep(0.3)
+    elif action == "sleep":
         threading.Event().wait()
     elif action == "regex":
         _BACKTRACK.match("a" * 64 + "b")

@@ -11,7 +11,11 @@ stepped). A reset whose session the server no longer knows (it restarted, or clo
 session after ``--session-ttl`` idle seconds) opens a new one, so a server that died
 mid-episode costs that episode and the next reset plays on. The server runs its envs in worker
 processes under its own ``step_timeout``; give ``timeout`` more than that, so that a call
-queued behind another session's hang is not taken for a dead server.
+queued behind another session's hang is not taken for a dead server. The server serves the
+calls waiting for a worker round robin across client addresses, so a call waits for at most
+one call of each other address with calls queued (each up to ``step_timeout``) besides its
+own: against a server shared with other clients stepping slow envs, raise ``timeout`` by a
+``step_timeout`` per such client.
 
 A server started with a token (``--token``, or ``RAGEN_JAX_ENV_TOKEN`` in its environment) needs
 it with every request: the ``token`` param, else ``RAGEN_JAX_ENV_TOKEN`` in the trainer's

@@ -34,10 +34,20 @@ Any client that reaches the port can call it, so the server bounds what one can 
 * a body over ``--max-body-bytes`` (1 MiB) is ``413``; a body that is not a JSON object
   (malformed, or nested deeper than the JSON parser recurses) is ``400``, as is a field of the
   wrong type (``seed`` an int in [-2**63, 2**64));
-* a client (an IP address; behind a proxy, every client is the proxy's) holding
-  ``--max-sessions-per-client`` sessions (1024) gets ``429`` for the next, and the server
-  holding ``--max-sessions`` (4096) ``503``; sessions idle for ``--session-ttl`` seconds (600)
-  are closed first, so abandoned ones free their places;
+* a client holding ``--max-sessions-per-client`` sessions (1024) gets ``429`` for the next,
+  and the server holding ``--max-sessions`` (4096) ``503``; sessions idle for
+  ``--session-ttl`` seconds (600) are closed first, so abandoned ones free their places. A
+  client is what one party cannot multiply: with a token, the token (all its holders count as
+  one); without, an address range (``client_range``: an IPv4 /24, an IPv6 /64, and every
+  loopback address as one, since any local process can send from any 127.x); behind a proxy,
+  every client is the proxy's;
+* a connection must send a request's headers within ``--header-timeout`` seconds (10) of
+  opening or of its last response, and a request's body must arrive within
+  ``--body-timeout`` seconds (30), else ``408`` (the connection is closed); at most
+  ``--max-connections`` (512) are open, a new one past it closing the connection waiting
+  longest between requests, those that never carried the token first, never one inside a
+  request (``envs.host.connections``); so idle or half-sent requests hold neither file
+  descriptors nor memory for long, and a client that sends its request at once gets in;
 * a session keeps the actions played since its reset, to rebuild its instance by replay if
   its worker dies; so an action over ``--max-action-chars`` characters (65536) is ``413``, an
   episode whose kept actions would pass ``--max-history-bytes`` (256 KiB, as Python sizes the
@@ -61,6 +71,14 @@ stays up, and the other sessions homed on that worker are rebuilt by replaying t
 actions on the fresh worker (their calls wait meanwhile, so a client's timeout should exceed
 the server's ``step_timeout``). Each session's calls run one at a time, in order.
 
+The calls waiting for a worker go to it round robin across client addresses (``PoolService``),
+each address's in order: a client with many sessions in slow calls delays another address's
+call by one of those calls at most, not by all of them. So a call waits for its worker at most
+a ``step_timeout`` for the call running there and one per other address with calls queued
+there, then runs its own: a client's timeout should cover that (``RemoteEnv``'s ``timeout``,
+30 s by default, the default ``step_timeout``: raise it for a server shared with other
+clients stepping slow envs).
+
 A JAX env is played one session at a time through ``JaxAsHost`` (its action names as the
 actions; each step's key folds the seed with the step count, so a served JAX episode is
 reproducible but not the in-process rollout's, whose keys come from the rollout's key); its
@@ -81,6 +99,7 @@ import itertools
 import json
 import math
 import os
+import resource
 import sys
 import time
 import uuid
@@ -172,6 +191,12 @@ def env_family(name: str, params: dict[str, Any]) -> HostEnvFamily:
 NO_INSTANCE = "no env instance for this session (reset it: a failed call drops its instance)"
 SEED_RANGE = (-2**63, 2**64)  # any int64 or uint64 seed; a longer int is refused, not parsed by the env
 SLOT_BYTES = 8  # the list slot each kept action takes besides its string
+CLIENT_PREFIX = {4: 24, 6: 64}  # the prefix length of a client's address range, by IP version
+FD_RESERVE = 64  # file descriptors besides the connections: listening socket, event loop, stdio
+# Connections the kernel queues for accepting. asyncio accepts up to this many in one go before
+# the connection guard sees any, so the open files must hold them besides max_connections.
+ACCEPT_BACKLOG = 128
+FD_PER_WORKER = 3  # each worker process's pipe, its sentinel and a spare, in the server
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,7 +206,10 @@ class Limits:
     The defaults fit a trainer: it holds one session per rollout row (training, validation and
     the warm-start's, a few hundred), its actions are a model's answers (a few thousand
     characters at most), and it is idle between turns for a generation's time (seconds to a
-    minute), which ``session_ttl`` must exceed or a slow turn loses its episode.
+    minute), which ``session_ttl`` must exceed or a slow turn loses its episode. Its requests
+    arrive whole at once (``header_timeout`` and ``body_timeout`` are for a slow network), one
+    in flight per rollout worker and each on a connection uvicorn closes after 5 idle seconds,
+    so it holds far fewer than ``max_connections``.
     """
 
     max_sessions: int = 4096
@@ -190,6 +218,9 @@ class Limits:
     max_body_bytes: int = 2**20
     max_action_chars: int = 65536
     max_history_bytes: int = 2**18
+    header_timeout: float = 10.0  # seconds for a request's headers
+    body_timeout: float = 30.0  # seconds for a request's body
+    max_connections: int = 512  # under the usual 1024 file descriptors, with room for the pool's
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -199,40 +230,46 @@ class Limits:
 
 
 class _Session:
-    def __init__(self, row: int, client: str):
-        self.row, self.client, self.lock = row, client, asyncio.Lock()
+    def __init__(self, row: int, owner: str, address: str):
+        self.row, self.lock = row, asyncio.Lock()
+        self.owner = owner  # the client its place counts for (the token, or an address range)
+        self.address = address  # its creator's address, whose share of the workers it takes
         self.used = time.monotonic()
         self.done = False  # the episode ended: steps are refused until a reset
         self.kept = 0  # bytes of the actions kept since the reset (for replay)
+        self.closed = False  # deleted or expired: whatever still finishes is not recorded
 
 
 class _EnvServer:
     """The server's state and endpoints: sessions (each a row of the pool), their histories
     (for rebuilding a crashed worker's rows) and the pool's driver thread."""
 
-    def __init__(self, family: HostEnvFamily, workers: int, limits: Limits):
+    def __init__(self, family: HostEnvFamily, workers: int, limits: Limits, has_token: bool):
         self.service = PoolService(ProcessPool(family.factory, workers, family.step_timeout,
                                                memory_limit_mb=family.memory_limit_mb))
         self.info = {k: family.info[k] for k in ("name", "instruction")}
         self.info["action_names"] = list(family.info.get("action_names", ()))
-        self.limits = limits
+        self.limits, self.has_token = limits, has_token
         self.sessions: dict[str, _Session] = {}
         self.per_client: collections.Counter[str] = collections.Counter()
         self.histories = Histories()  # touched on the event loop's thread only
         self.rows = itertools.count()
 
-    async def run(self, job: Job, record: Callable[[Job], None]) -> Job:
-        """Runs ``job`` in the pool; ``record`` keeps its outcome in ``histories`` on the event
-        loop, even when the request that asked for it is gone."""
+    async def run(self, session: _Session, job: Job, record: Callable[[Job], None]) -> Job:
+        """Runs ``job`` for ``session`` in the pool; ``record`` keeps its outcome in
+        ``histories`` on the event loop, even when the request that asked for it is gone, but
+        not once the session is closed (its row would keep a history nobody owns)."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
 
         def finish(job: Job) -> None:
-            record(job)
+            if not session.closed:
+                record(job)
             if not future.done():
                 future.set_result(job)
 
-        self.service.submit(job, lambda job: loop.call_soon_threadsafe(finish, job))
+        self.service.submit(job, lambda job: loop.call_soon_threadsafe(finish, job),
+                            session.address)
         return await future
 
     def expire(self) -> None:
@@ -242,13 +279,16 @@ class _EnvServer:
                 self.close_session(sid)
 
     def close_session(self, sid: str) -> None:
+        """Closes the session: its place is freed and its instance dropped, after any call of
+        its already queued (the drop is queued behind them)."""
         session = self.sessions.pop(sid, None)
         if session is not None:
-            self.per_client[session.client] -= 1
-            if self.per_client[session.client] <= 0:
-                del self.per_client[session.client]
+            session.closed = True
+            self.per_client[session.owner] -= 1
+            if self.per_client[session.owner] <= 0:
+                del self.per_client[session.owner]
             self.histories.rows.pop(session.row, None)
-            self.service.submit(Job("drop", session.row, ()), lambda job: None)
+            self.service.submit(Job("drop", session.row, ()), lambda job: None, session.address)
 
     # Endpoints without a session body.
 
@@ -258,7 +298,9 @@ class _EnvServer:
     async def create(self, request: Any) -> Any:
         self.expire()
         limits = self.limits
-        client = request.client.host if request.client else ""
+        address = request.client.host if request.client else ""
+        # Every request here carries the token when there is one (_Authorize).
+        client = "token" if self.has_token else client_range(address)
         if self.per_client[client] >= limits.max_sessions_per_client:
             return _error(429, f"this client holds {limits.max_sessions_per_client} sessions, the "
                                "server's limit per client (--max-sessions-per-client): close one "
@@ -266,7 +308,7 @@ class _EnvServer:
         if len(self.sessions) >= limits.max_sessions:
             return _error(503, f"at most {limits.max_sessions} sessions")
         sid = uuid.uuid4().hex
-        self.sessions[sid] = _Session(next(self.rows), client)
+        self.sessions[sid] = _Session(next(self.rows), client, address)
         self.per_client[client] += 1
         return _json({"session": sid})
 
@@ -283,15 +325,17 @@ class _EnvServer:
             if session is None:
                 return _error(404, "unknown session")
             try:
-                body = await _body(request, self.limits.max_body_bytes)
+                body = await _body(request, self.limits)
             except _Refused as e:
-                return _error(e.status, str(e))
+                return _refusal(e)
             async with session.lock:
+                if session.closed:  # while this request waited: no job may follow its drop
+                    return _error(404, "unknown session")
                 session.used = time.monotonic()
                 try:
                     reply = await fn(session, body)
                 except _Refused as e:
-                    return _error(e.status, str(e))
+                    return _refusal(e)
                 session.used = time.monotonic()
             if isinstance(reply, str):
                 return _error(500, reply)
@@ -304,7 +348,7 @@ class _EnvServer:
         seed = _field(body, "seed", int)
         if not SEED_RANGE[0] <= seed < SEED_RANGE[1]:
             raise _Refused("'seed' must be in [-2**63, 2**64)")
-        job = await self.run(Job("reset", session.row, (seed,)), self.histories.reset_done)
+        job = await self.run(session, Job("reset", session.row, (seed,)), self.histories.reset_done)
         session.done, session.kept = False, 0
         if job.error:
             return job.error
@@ -326,7 +370,7 @@ class _EnvServer:
             raise _Refused(f"the episode's actions would take {session.kept + cost} bytes on the "
                            f"server, over its limit of {limits.max_history_bytes} "
                            "(--max-history-bytes): reset the session", 413)
-        job = await self.run(self.histories.job("step", row, ([action],)),
+        job = await self.run(session, self.histories.job("step", row, ([action],)),
                              self.histories.step_done)
         if job.error:
             return job.error
@@ -343,7 +387,7 @@ class _EnvServer:
         row = session.row
         if row not in self.histories.rows:
             return NO_INSTANCE
-        job = await self.run(self.histories.job("random_action", row, (rng,)),
+        job = await self.run(session, self.histories.job("random_action", row, (rng,)),
                              self.histories.call_done)
         if job.error:
             return job.error
@@ -375,7 +419,9 @@ def make_app(family: HostEnvFamily, *, workers: int | None = None, limits: Limit
              token: str | None = None) -> Any:
     """The Starlette app serving instances of ``family`` from a pool of ``workers`` processes
     within ``limits``, every request needing ``token`` if one is given (see the module
-    docstring); the pool ends when the app shuts down."""
+    docstring); the pool ends when the app shuts down. The limits on connections
+    (``header_timeout``, ``max_connections``) are the HTTP server's: ``main`` gives uvicorn
+    ``ConnectionGuard(...).protocol()`` as its ``http`` protocol, as any other runner must."""
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
     from starlette.routing import Route
@@ -383,7 +429,7 @@ def make_app(family: HostEnvFamily, *, workers: int | None = None, limits: Limit
     if token is not None:
         _check_token(token)
     size = family.workers if workers is None else int(workers)
-    server = _EnvServer(family, size, limits)
+    server = _EnvServer(family, size, limits, token is not None)
     routes = [
         Route("/info", server.get_info, methods=["GET"]),
         Route("/sessions", server.create, methods=["POST"]),
@@ -401,6 +447,7 @@ def make_app(family: HostEnvFamily, *, workers: int | None = None, limits: Limit
     middleware = [] if token is None else [Middleware(_Authorize, token=token)]
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
     app.state.pool = server.service.pool  # for tests and monitoring: its workers and restarts
+    app.state.server = server  # for tests and monitoring: its sessions, histories and queue
     return app
 
 
@@ -413,6 +460,13 @@ def _json(body: Any, status: int = 200) -> Any:
 
 def _error(status: int, text: str) -> Any:
     return _json({"error": text}, status)
+
+
+def _refusal(e: _Refused) -> Any:
+    reply = _error(e.status, str(e))
+    if e.status == 408:  # the rest of the body may never come: the connection is not reused
+        reply.headers["Connection"] = "close"
+    return reply
 
 
 class _Refused(ValueError):
@@ -434,20 +488,27 @@ def _field(body: dict[str, Any], name: str, kind: type) -> Any:
     raise _Refused(f"{name!r} must be a {kind.__name__}")
 
 
-async def _body(request: Any, limit: int) -> dict[str, Any]:
-    """The request's JSON object, read up to ``limit`` bytes: a longer body is refused while it
-    arrives (its declared length first), so it is never held whole."""
+async def _body(request: Any, limits: Limits) -> dict[str, Any]:
+    """The request's JSON object, read up to ``max_body_bytes`` within ``body_timeout``
+    seconds: a longer body is refused while it arrives (its declared length first), so it is
+    never held whole, and a slower one is a ``408``, so it is not held for long."""
+    limit = limits.max_body_bytes
     declared = request.headers.get("content-length", "")
     if declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise _Refused(f"the body has {declared} bytes, over the server's limit of {limit} "
                        "(--max-body-bytes)", 413)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _Refused(f"the body passes the server's limit of {limit} bytes "
-                           "(--max-body-bytes)", 413)
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(limits.body_timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise _Refused(f"the body passes the server's limit of {limit} bytes "
+                                   "(--max-body-bytes)", 413)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise _Refused(f"the body did not arrive within {limits.body_timeout:g} s "
+                       "(--body-timeout)", 408) from None
     try:
         body = json.loads(b"".join(chunks))
     except RecursionError:  # the parser recurses once per level: a deep body exhausts it
@@ -490,6 +551,22 @@ def _check_token(token: str) -> None:
         raise ValueError("the token must be non-empty visible ASCII without spaces")
 
 
+def client_range(host: str) -> str:
+    """The address range a client address counts in for its sessions: its IPv4 /24 or IPv6
+    /64 (what one party commonly holds), ``"loopback"`` for any loopback address (any local
+    process can send from any of them); a host that is not an address stands for itself."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if address.version == 6 and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if address.is_loopback:
+        return "loopback"
+    prefix = CLIENT_PREFIX[address.version]
+    return str(ipaddress.ip_network(f"{address}/{prefix}", strict=False))
+
+
 def is_loopback(host: str) -> bool:
     """Whether binding ``host`` serves this machine only (``localhost`` or a loopback
     address); a name that might resolve elsewhere is not."""
@@ -520,13 +597,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-sessions", type=int, default=defaults.max_sessions)
     parser.add_argument("--max-sessions-per-client", type=int,
                         default=defaults.max_sessions_per_client,
-                        help="sessions one client address may hold")
+                        help="sessions one client (the token, else an address range) may hold")
     parser.add_argument("--session-ttl", type=float, default=defaults.session_ttl,
                         help="seconds after which an idle session is closed")
     parser.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes)
     parser.add_argument("--max-action-chars", type=int, default=defaults.max_action_chars)
     parser.add_argument("--max-history-bytes", type=int, default=defaults.max_history_bytes,
                         help="memory an episode's actions (kept for replay) may take")
+    parser.add_argument("--header-timeout", type=float, default=defaults.header_timeout,
+                        help="seconds a connection has to send a request's headers")
+    parser.add_argument("--body-timeout", type=float, default=defaults.body_timeout,
+                        help="seconds a request's body may take to arrive (then 408)")
+    parser.add_argument("--max-connections", type=int, default=defaults.max_connections,
+                        help="open connections; past it the longest idle one is closed")
     args = parser.parse_args(argv)
 
     def fail(text: str) -> None:
@@ -539,8 +622,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if token is not None:
             _check_token(token)
-        limits = Limits(args.max_sessions, args.max_sessions_per_client, args.session_ttl,
-                        args.max_body_bytes, args.max_action_chars, args.max_history_bytes)
+        limits = Limits(**{field.name: getattr(args, field.name)
+                           for field in dataclasses.fields(Limits)})
     except ValueError as e:
         fail(str(e))
     params = {}
@@ -558,10 +641,34 @@ def main(argv: list[str] | None = None) -> None:
         family = env_family(args.env, params)
     except (ValueError, TypeError, RuntimeError) as e:
         parser.error(str(e))
+    workers = family.workers if args.workers is None else args.workers
+    try:
+        _make_room_for(limits.max_connections, workers)
+    except ValueError as e:
+        fail(str(e))
     import uvicorn
 
-    uvicorn.run(make_app(family, workers=args.workers, limits=limits, token=token),
-                host=args.host, port=args.port, log_level="warning")
+    from ragen_jax.envs.host.connections import ConnectionGuard
+
+    guard = ConnectionGuard(limits.header_timeout, limits.max_connections, token)
+    uvicorn.run(make_app(family, workers=workers, limits=limits, token=token),
+                host=args.host, port=args.port, log_level="warning", http=guard.protocol(),
+                backlog=ACCEPT_BACKLOG)
+
+
+def _make_room_for(connections: int, workers: int) -> None:
+    """Raises this process's open-file limit to what ``connections`` and ``workers`` need, up
+    to the hard limit: past the limit, accepting a connection fails for every client."""
+    need = connections + ACCEPT_BACKLOG + FD_RESERVE + FD_PER_WORKER * workers
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        try:
+            if hard != resource.RLIM_INFINITY and hard < need:
+                raise ValueError(f"over this process's hard limit of {hard}")
+            resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+        except (ValueError, OSError) as e:  # the kernel's ceiling (nr_open) refuses as well
+            raise ValueError(f"--max-connections {connections} with {workers} workers needs "
+                             f"{need} open files: {e}") from None
 
 
 if __name__ == "__main__":
