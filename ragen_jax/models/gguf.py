@@ -155,8 +155,9 @@ def hf_config(path: Path, meta: dict[str, Any], shapes: dict[str, tuple[int, ...
         """A size the metadata states, which must be a positive integer: a zero head count
         divided by zero, and the layer loops below run to whatever ``block_count`` says."""
         value = key(name, default)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) \
-                or value < 1:
+        whole = (isinstance(value, int) and not isinstance(value, bool)
+                 or isinstance(value, float) and value.is_integer())  # not nan, inf or 1.5
+        if not whole or value < 1:
             raise CheckpointError(f"{path}: metadata {arch}.{name}={value!r} must be a "
                                   f"positive integer")
         return int(value)
@@ -165,9 +166,8 @@ def hf_config(path: Path, meta: dict[str, Any], shapes: dict[str, tuple[int, ...
     blocks = count("block_count")
     # llama.cpp states head_dim as the key length when it differs from hidden / heads (Qwen3
     # always); older llama files state it only as the rotary width.
-    head_dim = (count("attention.key_length", None) if key("attention.key_length", None) else
-                count("rope.dimension_count", None) if key("rope.dimension_count", None) else
-                hidden // heads)
+    head_dim = next((count(name) for name in ("attention.key_length", "rope.dimension_count")
+                     if key(name, None)), hidden // heads)
     if head_dim < 1:
         raise CheckpointError(f"{path}: metadata {arch}.attention.head_count={heads} exceeds "
                               f"{arch}.embedding_length={hidden} (no head dimension left)")

@@ -385,6 +385,7 @@ def _qwen2_meta(**counts) -> dict:
 
 @pytest.mark.parametrize("key, value", [("attention.head_count", 0), ("block_count", 0),
                                         ("embedding_length", -64), ("context_length", 1.5),
+                                        ("context_length", float("nan")),
                                         ("feed_forward_length", "128")])
 def test_a_header_count_that_is_not_a_positive_integer_is_named(key, value):
     """``head_count`` 0 was a ZeroDivisionError traceback (hidden // heads)."""
