@@ -53,8 +53,12 @@ def lock_run_folder(folder: str | os.PathLike, process: int = 0, *,
     it. A file system that cannot lock (some network mounts) is a warning, not a refusal: the
     run goes on unprotected, as it did before the lock existed."""
     path = lock_path(folder, process)
-    if path in _HELD:
-        return path
+    held = _HELD.pop(path, None)
+    if held is not None:
+        if _same_file(held, path):
+            _HELD[path] = held
+            return path
+        os.close(held)  # the folder was deleted (and made again) under this process's lock
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -87,6 +91,15 @@ def release_run_folder(folder: str | os.PathLike, process: int = 0) -> None:
     fd = _HELD.pop(lock_path(folder, process), None)
     if fd is not None:
         os.close(fd)  # closing the only descriptor of the open file drops its flock
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``fd`` is still the file at ``path``."""
+    try:
+        here, there = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _holder(fd: int) -> str:

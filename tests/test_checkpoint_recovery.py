@@ -268,8 +268,12 @@ def test_a_live_run_folder_is_refused_naming_its_pid_and_freed_when_the_holder_d
     try:
         assert lock_run_folder(tmp_path) == tmp_path / "run.lock"
         assert json.loads((tmp_path / "run.lock").read_text())["pid"] == os.getpid()
+        assert lock_run_folder(tmp_path) == tmp_path / "run.lock"  # this process's already
     finally:
         release_run_folder(tmp_path)
+    # A multi-process job's other processes lock files of their own.
+    assert lock_run_folder(tmp_path, 1) == tmp_path / "run.1.lock"
+    release_run_folder(tmp_path, 1)
 
 
 def test_a_second_launch_on_a_live_run_folder_is_one_line_and_deletes_nothing(tmp_path):
