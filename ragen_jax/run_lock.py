@@ -1,11 +1,12 @@
 """One training process per run folder: an exclusive ``fcntl.flock`` on ``<run folder>/run.lock``.
 
 Rerunning the same command resumes a run, so the same command started again while the first
-still runs points two trainers at one folder. Without a lock the second's checkpoint store
-deleted the first's temporary checkpoint folder in the middle of its save (orbax cleans up
-the leftovers of saves that never completed), and the first died. The trainer takes this lock
-before it writes or deletes anything in the folder and holds it for the process's life; a
-second start is refused in one line naming the holder's pid, host, start time and command.
+still runs points two trainers at one folder, and they break each other: a starting run's
+checkpoint store deletes the temporary folders of unfinished saves (orbax's clean-up of a
+crashed save), which may be the live run's save in progress. The trainer takes this lock
+before it writes or deletes anything in the folder and holds it until its training loop ends
+(``Trainer.train``) or the process dies; a second start is refused in one line naming the
+holder's pid, host, start time and command.
 
 ``flock`` belongs to the open file, so the kernel drops the lock when the holding process
 dies, however it dies (``kill -9`` included): a stale ``run.lock`` never blocks a rerun, and
