@@ -11,7 +11,9 @@ the duplicated rows that pad a filtered batch), and a checkpoint holds the ``Tra
 plus the host-side counters, so a run resumed from the checkpoint of step k computes exactly
 what the uninterrupted run computed after step k. SIGINT/SIGTERM finish the current step,
 save, and exit (before the first step, during a warm start or step 0's validation, they exit at
-once); a restart with the same ``output_dir`` resumes from the last checkpoint.
+once); a restart with the same ``output_dir`` resumes from the last checkpoint, dropping the
+``metrics.jsonl`` rows of the steps it plays again. One process trains in a run folder at a
+time: the trainer locks it (``run_lock``) before writing or deleting anything there.
 """
 
 from __future__ import annotations
