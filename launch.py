@@ -10,7 +10,9 @@ overridden with ``--config.<a>.<b>=value``; an unknown or ill-typed field is a o
 error naming it. A run prints a short summary; the resolved config is saved as
 ``<output_dir>/config.json`` and the derived settings as ``<output_dir>/settings.txt``
 (``--print_config`` also prints both). Rerunning the same command resumes from the last
-checkpoint there, as does ``--config <output_dir>/config.json``. The environment demo is ``python -m ragen_jax.envs.demo``.
+checkpoint there, as does ``--config <output_dir>/config.json``; while a run is alive its
+folder is locked (``<output_dir>/run.lock``), so a second start on it is refused in one line
+naming the running process. The environment demo is ``python -m ragen_jax.envs.demo``.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ def main(argv: list[str]) -> None:
         CheckpointSaveError,
     )
     from ragen_jax.models import CheckpointError
+    from ragen_jax.run_lock import RunFolderInUseError
 
     if print_config and jax.process_index() == 0:
         from ragen_jax.config.summary import full_settings
@@ -62,7 +65,7 @@ def main(argv: list[str]) -> None:
     try:
         summary = train.run(run_config)
     except (ConfigError, CheckpointError, CheckpointSaveError, CheckpointRestoreError,
-            CheckpointMismatchError, FileNotFoundError) as e:
+            CheckpointMismatchError, FileNotFoundError, RunFolderInUseError) as e:
         _exit(f"launch.py: {e}")
     except OSError as e:
         if e.errno != errno.ENOSPC:

@@ -24,12 +24,17 @@ adapters; p and c the bytes of ``model.param_dtype`` and of the compute dtype):
   their softmax and gradient, 3 x 4 x min(rows x tokens x vocab, ``MAX_CHUNK_LOGITS``)
   (``starpo.token_scores`` never holds more), and the trained weights' gradient, P_t x p.
 * **host**: the batch's token arrays on the host, rows x tokens x 16 bytes (ids, masks,
-  positions, log-probs).
+  positions, log-probs), and every step's turn table (``starpo.anchors.turn_table``, made
+  whatever the estimator), training rows x the run's largest ``rollout.max_turn`` x
+  ``TURN_TABLE_BYTES``.
 
 Each is taken at two token counts a row. The lower, ``rollout.response_length``: every row's
-slots in the decode loop's cache hold at least its answer budget, so this is memory the run
-surely needs (the update's rows may be shorter and are left out of it); past the memory there
-is, the run is refused, naming the batch field that dominates. The typical, a first prompt
+slots in the decode loop's cache hold at least its answer budget, and every update row is
+padded to a multiple of the update's width step (``shapes.update_multiple``: with
+``actor.row_pad_multiple=0`` an eighth of ``rollout.max_model_len``), so the update pass is
+taken at that width; this is memory the run surely needs, and past the memory there is the
+run is refused at its start, naming the field that dominates (``rollout.max_model_len=2**40``
+and ``rollout.max_turn=10**9`` ran out of memory a minute later otherwise). The typical, a first prompt
 of ``PROMPT_TOKENS`` plus ``rollout.max_turn`` turns of ``TURN_TOKENS`` and an answer budget
 each (at most ``rollout.max_model_len``): past the memory there is, the start summary warns.
 (``max_model_len`` itself would warn on every run of presets whose episodes stay far below
@@ -58,10 +63,13 @@ from ragen_jax.config.fields import ConfigError
 from ragen_jax.config.resolve import Resolved
 from ragen_jax.config.schema import DTYPES, compute_dtype
 from ragen_jax.models import QwenConfig
+from ragen_jax.shapes import update_multiple
 from ragen_jax.starpo.token_scores import MAX_CHUNK_LOGITS
 
 GIB = 2**30
 HOST_BYTES_PER_TOKEN = 16  # int32 ids, attention and loss masks, positions, float32 log-probs
+# A turn table's cell: float32 reward, uint64 anchor id, bool played, the id's two uint32 lanes.
+TURN_TABLE_BYTES = 21
 # A typical row's prompt, in round figures: the system message and first state (~200 tokens
 # in the tiny Bandit run's trajectories), then per turn its state, warning and budget line.
 PROMPT_TOKENS = 256
@@ -107,10 +115,13 @@ class Estimate:
     rows: int  # rows of the rollout's larger batch
     rows_field: str  # the fields that set them
     pass_rows: int  # rows of one update pass
+    update_tokens: int  # tokens of one update row
+    turns: int  # the turn table's turns (the run's largest rollout.max_turn)
     weights: int
     rollout: int
     update: int
-    host: int
+    host: int  # the token arrays and the turn table
+    turn_table: int  # (of host)
 
     @property
     def total(self) -> int:
@@ -118,17 +129,18 @@ class Estimate:
 
     def parts(self) -> str:
         """The terms, in words."""
-        update = (f", update pass {gib(self.update)} ({_n(self.pass_rows, 'row')})"
-                  if self.update else "")
+        update = (f", update pass {gib(self.update)} ({_n(self.pass_rows, 'row')} of "
+                  f"{_n(self.update_tokens, 'token')})" if self.update else "")
         return (f"weights and optimizer {gib(self.weights)}, rollout KV cache "
                 f"{gib(self.rollout)} ({_n(self.rows, 'row')} of {_n(self.tokens, 'token')})"
-                f"{update}, host batch {gib(self.host)}")
+                f"{update}, host batch {gib(self.host - self.turn_table)}, turn table "
+                f"{gib(self.turn_table)} ({_n(self.turns, 'turn')})")
 
 
 def estimate(plan: Resolved, arch: QwenConfig, tokens: int, *, update: bool = True,
-             backend: str | None = None) -> Estimate:
+             update_tokens: int | None = None, backend: str | None = None) -> Estimate:
     """The memory of ``plan``'s run on ``arch`` with ``tokens`` tokens a row (``update``:
-    with the update's pass; the lower estimate leaves it out)."""
+    with the update's pass, its rows ``update_tokens`` long, default ``tokens``)."""
     run = plan.run
     p = np.dtype(DTYPES[run.model.param_dtype]).itemsize
     c = np.dtype(DTYPES[compute_dtype(run.model, backend)[0]]).itemsize
@@ -150,12 +162,16 @@ def estimate(plan: Resolved, arch: QwenConfig, tokens: int, *, update: bool = Tr
     pass_rows = max(1, run.actor.ppo_mini_batch_size // run.actor.micro_batches)
     h, i = arch.hidden_size, arch.intermediate_size
     kept = {"full": 2 * h, "dots": 4 * h + 2 * i}.get(run.model.remat, 6 * h + 3 * i)
-    activations = pass_rows * tokens * arch.num_hidden_layers * kept * c
-    logits = 3 * 4 * min(pass_rows * tokens * arch.vocab_size, MAX_CHUNK_LOGITS)
+    width = tokens if update_tokens is None else update_tokens
+    activations = pass_rows * width * arch.num_hidden_layers * kept * c
+    logits = 3 * 4 * min(pass_rows * width * arch.vocab_size, MAX_CHUNK_LOGITS)
+    turns = max(plan.rollout_for(e).max_turn for e in plan.envs)
+    turn_table = train_rows * turns * TURN_TABLE_BYTES
     return Estimate(tokens=tokens, rows=rows, rows_field=field, pass_rows=pass_rows,
-                    weights=weights, rollout=rows * tokens * kv_per_token,
+                    update_tokens=width, turns=turns, weights=weights,
+                    rollout=rows * tokens * kv_per_token,
                     update=activations + logits + trained * p if update else 0,
-                    host=rows * tokens * HOST_BYTES_PER_TOKEN)
+                    host=rows * tokens * HOST_BYTES_PER_TOKEN + turn_table, turn_table=turn_table)
 
 
 def host_memory() -> int:
@@ -187,7 +203,8 @@ def verdict(plan: Resolved, arch: QwenConfig, devices_bytes: int | None, host_by
     field that dominates it, with the estimate); returns the warning line when the upper one
     does, else None. ``devices_bytes`` None: one pool, the host's ``host_bytes``."""
     r = plan.rollout
-    low = estimate(plan, arch, r.response_length, update=False, backend=backend)
+    width = update_multiple(plan.run.actor.row_pad_multiple, r.max_model_len)
+    low = estimate(plan, arch, r.response_length, update_tokens=width, backend=backend)
     typical = min(r.max_model_len, PROMPT_TOKENS + r.max_turn * (TURN_TOKENS + r.response_length))
     high = estimate(plan, arch, typical, backend=backend)
 
@@ -203,11 +220,18 @@ def verdict(plan: Resolved, arch: QwenConfig, devices_bytes: int | None, host_by
     failed = over(low)
     if failed:
         need, have, where = failed
-        big = max(("weights", low.weights), ("rollout", low.rollout), ("host", low.host),
+        big = max(("weights", low.weights), ("rollout", low.rollout), ("update", low.update),
+                  ("host", low.host - low.turn_table), ("turns", low.turn_table),
                   key=lambda kv: kv[1])[0]
-        field = ("model (its weights and optimizer state; mesh.fsdp shards them, "
-                 "model.lora_rank trains adapters only)" if big == "weights" else
-                 f"{low.rows_field} = {low.rows} rows")
+        field = {
+            "weights": "model (its weights and optimizer state; mesh.fsdp shards them, "
+                       "model.lora_rank trains adapters only)",
+            "update": (f"rollout.max_model_len={r.max_model_len} (an update row is padded to "
+                       f"a multiple of {width} tokens: actor.row_pad_multiple, or with 0 an "
+                       f"eighth of it)"),
+            "turns": (f"rollout.max_turn={low.turns} (the turn table holds "
+                      f"{r.env_groups * r.group_size} episodes x {low.turns} turns)"),
+        }.get(big, f"{low.rows_field} = {low.rows} rows")
         raise ConfigError(f"{field}: the run needs at least {gib(need)} of {where}, which has "
                           f"{gib(have)} ({low.parts()}; estimate: ragen_jax/budget.py)")
     failed = over(high)

@@ -9,8 +9,9 @@ Sinks (``trainer.logger``, a list of names, as in RAGEN's ``trainer.logger=['con
 * ``tensorboard``: TensorBoard event files under ``<out_dir>/tb`` (tensorboardX); non-finite
   values are skipped there.
 * ``jsonl``: ``<out_dir>/metrics.jsonl``, one line ``{"step": s, ...}`` per ``log`` call, flushed
-  each call. A resumed run appends, so a step can appear twice; :func:`read_jsonl` keeps the
-  last value per step and key.
+  each call. A resumed run appends after dropping the rows of the steps it plays again (every
+  step after the checkpoint it resumes from: ``MetricsLogger.rewind``), so each step has one
+  row; :func:`read_jsonl` keeps the last value per step and key all the same.
 * ``wandb``: Weights & Biases, an optional dependency (``pip install 'ragen_jax[wandb]'``).
   The usual ``WANDB_*`` environment variables apply: ``WANDB_MODE=offline`` needs no network
   or account (``wandb sync`` uploads later), otherwise log in or set ``WANDB_API_KEY``. The
@@ -105,6 +106,24 @@ class JsonlSink:
         rec = {"step": int(step), **{k: v for k, v in metrics.items() if k != "step"}}
         self.file.write(json.dumps(rec) + "\n")
         self.file.flush()
+
+    def rewind(self, step: int) -> None:
+        """Drops every row of a step after ``step`` (and any line that is not a JSON row: the
+        cut-off last line of a killed process), rewriting the file atomically, then appends
+        after the rows kept."""
+        self.file.close()
+        kept = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                row_step = int(json.loads(line)["step"])
+            except (ValueError, TypeError, KeyError):
+                continue
+            if row_step <= step:
+                kept.append(line + "\n")
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        tmp.replace(self.path)
+        self.file = open(self.path, "a", encoding="utf-8")
 
     def close(self) -> None:
         if self.file is not None:
@@ -235,6 +254,17 @@ class MetricsLogger:
         clean = {k: f for k, v in metrics.items() if (f := _scalar(v)) is not None}
         for sink in self.sinks:
             sink.log(step, clean)
+
+    def rewind(self, step: int) -> None:
+        """Forgets the rows an earlier process of this run logged for steps after ``step``:
+        a run resumed from the checkpoint of ``step`` (-1: started afresh) plays those steps
+        again and logs them anew. Sinks without a ``rewind`` (TensorBoard, W&B) keep theirs."""
+        if not self.enabled:
+            return
+        for sink in self.sinks:
+            rewind = getattr(sink, "rewind", None)
+            if rewind is not None:
+                rewind(step)
 
     def advance(self, step: int, info: str) -> None:
         if self.progress is not None:

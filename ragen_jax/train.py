@@ -11,7 +11,9 @@ the duplicated rows that pad a filtered batch), and a checkpoint holds the ``Tra
 plus the host-side counters, so a run resumed from the checkpoint of step k computes exactly
 what the uninterrupted run computed after step k. SIGINT/SIGTERM finish the current step,
 save, and exit (before the first step, during a warm start or step 0's validation, they exit at
-once); a restart with the same ``output_dir`` resumes from the last checkpoint.
+once); a restart with the same ``output_dir`` resumes from the last checkpoint, dropping the
+``metrics.jsonl`` rows of the steps it plays again. One process trains in a run folder at a
+time: the trainer locks it (``run_lock``) before writing or deleting anything there.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ from ragen_jax.rollout.mix import (
     validation_levels,
 )
 from ragen_jax.rollout.sampler import Sampler
+from ragen_jax.run_lock import lock_run_folder, release_run_folder
 from ragen_jax.shapes import HighWater, update_multiple
 from ragen_jax.sharding import make_mesh
 from ragen_jax.starpo import gradient_analysis
@@ -98,14 +101,20 @@ class Trainer:
         warning = micro_batch_warning(self.plan.step, self.mesh.shape["data"] * self.mesh.shape["fsdp"])
         if warning and self.is_main:
             print(warning, flush=True)
+        # What a bad config can refuse comes before the run folder is touched: a bad env
+        # name or parameter must not leave a folder (or a lock) behind.
+        envs = build_envs(run)
+        self.tokenizer = load_tokenizer(run.model)
+        eos = stop_ids(run.model)
         check_writable(self.out)  # now, not at the first write after a warm start
+        # Before anything in the folder is written or deleted: the store's writer deletes
+        # unfinished saves, which may be another live run's save in progress.
+        self.lock = lock_run_folder(self.out, jax.process_index())
         self.store = CheckpointStore(self.out / "checkpoints", keep=run.trainer.keep_checkpoints,
                                      writer=True)
         # Resuming: the checkpoint holds every trained weight, so the folder's are not read.
         self.actor = build_actor(run.model, run.seed, self.mesh,
                                  weights=self.store.latest_step() is None)
-        self.tokenizer = load_tokenizer(run.model)
-        eos = stop_ids(run.model)
         # The run's envs in order (several with env.mix), each with its share of the groups.
         # Every run records its turns' anchor states: GiGPO trains on them, and the
         # rollout/anchored_* metrics say how often states repeat under any estimator.
@@ -113,7 +122,7 @@ class Trainer:
                                            tag=tag, eos_ids=eos, record_anchors=True),
                               spec.groups, spec.val_groups)
                       for spec, (tag, (env, params)) in zip(
-                          self.plan.envs, build_envs(run).items(), strict=True)]
+                          self.plan.envs, envs.items(), strict=True)]
         self.rollouts = {slot.tag: slot.rollout for slot in self.slots}
         # Validation is held out by level, not by seed: training and the prior's data skip
         # every level a validation env plays (small generators repeat levels across seeds),
@@ -393,7 +402,12 @@ class Trainer:
         note = self.store.space_note(nbytes(self._checkpoint_items()))
         if note:
             self.log(note)
-        if self.maybe_resume():
+        resumed = self.maybe_resume()
+        # A resumed run plays every step after its checkpoint again (an earlier process may
+        # have logged some of them before it stopped), and a fresh start every step: their old
+        # rows go, so metrics.jsonl holds each step once, as this run computes it.
+        self.logger.rewind(self.step if resumed else -1)
+        if resumed:
             self.log(f"resumed from {self.store.path}/{self.step}")
             return {"resumed_from": self.step}
         w = self.run.warmstart
@@ -466,6 +480,7 @@ class Trainer:
                 signal.signal(s, h)
             self.logger.close()
             self.store.close()
+            release_run_folder(self.out, jax.process_index())
         totals = self.compiles.totals()
         return summary | {"step": self.step, "compile_count": totals["compile/count"],
                           "compile_seconds": totals["compile/seconds"],

@@ -5,6 +5,7 @@ at the start; a failed save gives advice that fits its cause."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import subprocess
@@ -22,6 +23,7 @@ from ragen_jax.checkpoint import (
     check_writable,
 )
 from ragen_jax.metrics import read_jsonl
+from ragen_jax.run_lock import RunFolderInUseError, lock_run_folder, release_run_folder
 from tests.test_train import ROOT, _run, _without_timing, micro_config
 
 
@@ -58,6 +60,7 @@ def test_a_truncated_step_is_moved_aside_and_the_run_resumes_from_the_one_before
     step is renamed ``2.damaged-1`` (kept, with the cut file in it, and not a step for orbax)
     and the run resumes from step 0, repeating steps 1-2 exactly as the first run did."""
     checkpoints = _copy_checkpoints(two_steps, tmp_path)
+    shutil.copy(two_steps / "metrics.jsonl", tmp_path / "metrics.jsonl")  # rows 0-2 logged before
     cut = _truncate_a_data_file(checkpoints / "2")
     size = cut.stat().st_size
     capfd.readouterr()
@@ -76,6 +79,9 @@ def test_a_truncated_step_is_moved_aside_and_the_run_resumes_from_the_one_before
     assert (checkpoints / "2.damaged-1").is_dir()  # and not cleaned up by the writer either
     again, first = (_without_timing(read_jsonl(run / "metrics.jsonl")) for run in (tmp_path, two_steps))
     assert [again[s] for s in (1, 2)] == [first[s] for s in (1, 2)]
+    # Steps 1-2 were played again; their earlier rows went, so each step has one row.
+    rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(row)["step"] for row in rows] == [0, 1, 2]
 
 
 def test_with_every_step_damaged_the_run_starts_fresh_and_says_so(two_steps, tmp_path, capfd):
@@ -226,3 +232,66 @@ def test_a_failed_save_advises_freeing_space_only_for_a_full_disk(tmp_path, monk
     assert message.startswith("checkpoint of step 4 not written") and "\n" not in message
     assert advice in message and not_said not in message, message
     store.close()
+
+
+# -- one process per run folder ------------------------------------------------------------------
+
+_HOLD = """
+import sys, time
+from ragen_jax.run_lock import lock_run_folder
+lock_run_folder(sys.argv[1])
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_live_run_folder_is_refused_naming_its_pid_and_freed_when_the_holder_dies(tmp_path):
+    """A process holding the lock: a second lock of the folder fails at once, naming that
+    process's pid, host and command; once the holder is killed (``kill -9``: no clean-up
+    runs) the kernel has dropped the flock and the next one takes it."""
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(tmp_path)], cwd=ROOT,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RunFolderInUseError) as e:
+            lock_run_folder(tmp_path)
+        message = str(e.value)
+        assert message.startswith(f"trainer.output_dir: run folder {tmp_path} is in use by pid "
+                                  f"{holder.pid} (started ")
+        assert "command: -c " in message and "\n" not in message
+        assert message.endswith("; wait for it to finish (or stop it), or choose another "
+                                "trainer.output_dir")
+    finally:
+        holder.kill()
+        holder.wait(timeout=60)
+        holder.stdout.close()
+    try:
+        assert lock_run_folder(tmp_path) == tmp_path / "run.lock"
+        assert json.loads((tmp_path / "run.lock").read_text())["pid"] == os.getpid()
+        assert lock_run_folder(tmp_path) == tmp_path / "run.lock"  # this process's already
+    finally:
+        release_run_folder(tmp_path)
+    # A multi-process job's other processes lock files of their own.
+    assert lock_run_folder(tmp_path, 1) == tmp_path / "run.1.lock"
+    release_run_folder(tmp_path, 1)
+
+
+def test_a_second_launch_on_a_live_run_folder_is_one_line_and_deletes_nothing(tmp_path):
+    """The same command started while the first run saves: it used to delete the first
+    run's temporary checkpoint folder (the first then died, "checkpoint of step 2 not
+    written"). Now it is refused in one line naming the holder (here this test's process),
+    before it writes or deletes anything in the folder."""
+    saving = tmp_path / "checkpoints" / "2.orbax-checkpoint-tmp"
+    saving.mkdir(parents=True)
+    (saving / "part").write_text("a save in progress")
+    lock_run_folder(tmp_path)
+    try:
+        r = _launch_micro(tmp_path)
+    finally:
+        release_run_folder(tmp_path)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1, r.stderr[-3000:]
+    assert lines[0].startswith(f"launch.py: trainer.output_dir: run folder {tmp_path} is in use "
+                               f"by pid {os.getpid()} (started "), lines[0]
+    assert (saving / "part").read_text() == "a save in progress"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints", "run.lock"]

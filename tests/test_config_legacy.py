@@ -84,3 +84,21 @@ def test_none_fields_take_values_and_none_on_the_command_line():
                           "--config.warmstart.seed=None"])
     run = from_config_dict(config)
     assert run.mesh.data == 2 and run.mesh.shape == (2, 1, 1) and run.warmstart.seed is None
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"seed": 0, "trainer": null}', "'trainer' must be a JSON object of its fields, got null"),
+    ('{"seed": 0, "trainer": [1, 2]}', "'trainer' must be a JSON object of its fields, got [1, 2]"),
+    ('{"seed": 0,\n "trainer": {,}}', "not valid JSON at line 2 column 14 (Expecting property "
+                                      "name enclosed in double quotes)"),
+    ('[1]', "expected a JSON object of config sections, got list"),
+    ("[" * 100_000 + "]" * 100_000, "not a readable config (nested too deeply: "),
+])
+def test_a_config_json_that_is_no_run_config_names_the_file(tmp_path, text, message):
+    """A section of null or a list was an AttributeError traceback; invalid JSON a decoder
+    message that named no file."""
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ValueError) as e:
+        load_run_config(tmp_path)
+    assert str(e.value).startswith(f"{tmp_path / 'config.json'}: {message}")
+    assert "\n" not in str(e.value)

@@ -82,6 +82,30 @@ def test_default_logger_writes_tensorboard_and_jsonl_and_a_resumed_run_appends(t
     assert "actor/entropy" not in tb and "note" not in tb and "hist" not in tb  # NaN skipped
 
 
+def test_rewind_drops_the_rows_a_resumed_run_plays_again(tmp_path):
+    """Resumed from the checkpoint of step 1, a run logs steps 2 on anew: the earlier
+    process's rows of those steps (and its cut-off last line, killed mid-write) go, the rows
+    up to step 1 stay, and the new rows follow them, one row a step."""
+    log = MetricsLogger(tmp_path, total_steps=3, progress=False)
+    for step in range(4):
+        log.log(step, {"x": float(step)})
+    log.close()
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "x"')  # no newline: the process died here
+    log = MetricsLogger(tmp_path, total_steps=3, start_step=1, progress=False)
+    log.rewind(1)
+    log.log(2, {"x": 20.0})
+    log.close()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x) for x in lines] == [{"step": 0, "x": 0.0}, {"step": 1, "x": 1.0},
+                                              {"step": 2, "x": 20.0}]
+    assert read_jsonl(tmp_path / "metrics.jsonl") == {0: {"x": 0.0}, 1: {"x": 1.0}, 2: {"x": 20.0}}
+    log = MetricsLogger(tmp_path, total_steps=3, progress=False)
+    log.rewind(-1)  # a fresh start plays every step again
+    log.close()
+    assert (tmp_path / "metrics.jsonl").read_text() == ""
+
+
 def test_logger_fans_out_floats_to_given_sinks_and_closes_them(tmp_path, capsys):
     a, b = ListSink(), ListSink()
     assert isinstance(a, MetricsSink)

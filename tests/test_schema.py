@@ -536,3 +536,78 @@ def test_launch_refuses_a_batch_that_cannot_fit_in_one_line(tmp_path):
     assert r.returncode == 1 and len(lines) == 1, r.stderr[-3000:]
     assert lines[0].startswith("launch.py: rollout.env_groups x rollout.group_size = 8 x 1000000")
     assert not (tmp_path / "run").exists()  # refused before the run folder was made
+
+
+# -- issue 77 item 9: values that reached a traceback, or passed ---------------------------------
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"seed": 2**70}, f"seed must be in [0, {2**32 - 1}] (it seeds JAX's uint32 random keys"),
+    ({"seed": -1}, "seed must be in [0, "),
+    ({"trainer__total_steps": 2**70}, f"trainer.total_steps must be <= {2**31 - 1}"),
+    ({"trainer__logger": ("nope",)}, "trainer.logger must be one of ('tensorboard', 'jsonl', "
+                                     "'wandb', 'console'), got 'nope'"),
+    ({"distributed__num_processes": 0}, "distributed.num_processes must be >= 1, got 0"),
+    ({"distributed__process_id": 5}, "distributed.process_id must be in [0, "
+                                     "distributed.num_processes=1), got 5"),
+])
+def test_out_of_range_run_values_name_the_field(fields, message):
+    """``seed=2**70`` was an OverflowError traceback from JAX; ``trainer.logger=('nope',)`` a
+    traceback after config.json was written; the others were accepted."""
+    with pytest.raises(ConfigError) as e:
+        from_config_dict(_with(**fields))
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_a_mesh_the_devices_cannot_fill_names_the_mesh_fields():
+    """``mesh.tensor=1000000`` was the Trainer's ValueError traceback: now a ``ConfigError``
+    (one line from ``launch.py``) naming the fields."""
+    from ragen_jax.sharding import make_mesh
+
+    n = len(jax.devices())
+    with pytest.raises(ConfigError, match=rf"^mesh.data x mesh.fsdp x mesh.tensor = 1 x 1 x "
+                                          rf"1000000 needs 1000000 devices, {n} are available$"):
+        make_mesh((1, 1, 1_000_000))
+    with pytest.raises(ConfigError, match=r"^mesh.data x mesh.fsdp x mesh.tensor = \? x 1 x "
+                                          r"1000000: the given axes"):
+        make_mesh((-1, 1, 1_000_000))
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("max_model_len", 2**40, f"rollout.max_model_len={2**40} (an update row is padded to a "
+                             f"multiple of {2**37} tokens"),
+    ("max_turn", 10**9, "rollout.max_turn=1000000000 (the turn table holds 64 episodes x "
+                        "1000000000 turns): the run needs at least "),
+])
+def test_lengths_past_the_memory_are_refused_by_the_budget(field, value, message):
+    """``rollout.max_model_len=2**40`` and ``rollout.max_turn=1e9`` passed the start's memory
+    check and ran out of memory 24-50 s later (an update row padded to an eighth of
+    max_model_len; a turn table as wide as max_turn): the lower estimate counts both now."""
+    from configs import bandit
+    from ragen_jax.budget import GIB, architecture, verdict
+
+    c = bandit.get_config()
+    c.rollout[field] = value
+    plan = resolve(from_config_dict(c))
+    with pytest.raises(ConfigError) as e:
+        verdict(plan, architecture(plan), None, 16 * GIB, backend="cpu")
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--config.mesh.tensor=1000000", "launch.py: mesh.data x mesh.fsdp x mesh.tensor = "),
+    ("--config.env.name=nope", "launch.py: env: unknown env 'nope'; registered: "),
+    ("--config.trainer.logger=('nope',)", "launch.py: trainer.logger must be one of "),
+])
+def test_launch_refuses_before_the_run_folder_is_touched(tmp_path, override, message):
+    """Each was a traceback or left ``checkpoints/`` (a bad env name) or ``config.json`` (a
+    bad logger) behind; now one line, and no run folder."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, str(ROOT / "launch.py"), "--config", "configs/bandit.py",
+                        override, f"--config.trainer.output_dir={tmp_path / 'run'}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1, r.stderr[-3000:]
+    assert lines[0].startswith(message), lines[0]
+    assert not (tmp_path / "run").exists()

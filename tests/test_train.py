@@ -277,6 +277,10 @@ def test_resume_after_signal_matches_uninterrupted(reference_run, stopped_run):
     assert stages["finished"]["resumed_from"] == 3 and stages["finished"]["step"] == 4
     assert _without_timing(read_jsonl(out / "metrics.jsonl")) == _without_timing(
         read_jsonl(ref_out / "metrics.jsonl"))
+    # The crash at step 3 came after its row was logged; the rerun played step 3 again and
+    # dropped that row first: one row a step, as in the uninterrupted run.
+    rows = (out / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(row)["step"] for row in rows] == [0, 1, 2, 3, 4]
 
 
 def test_resume_after_crash_repeats_lost_steps_exactly(stopped_run):

@@ -143,9 +143,33 @@ def load_run_config(run_dir: str | Path) -> ConfigDict:
     file = Path(run_dir) / "config.json"
     if not file.is_file():
         raise FileNotFoundError(f"--checkpoint: {run_dir} is not a run folder (no config.json)")
-    config = ConfigDict(legacy.upgrade(json.loads(file.read_text())))
-    config.trainer.output_dir = str(run_dir)
-    return use_run_snapshot(config)
+    values = legacy.upgrade(read_run_json(file))
+    values.setdefault("trainer", {})["output_dir"] = str(run_dir)
+    return use_run_snapshot(ConfigDict(values))
+
+
+def read_run_json(file: Path) -> dict[str, Any]:
+    """The saved config in ``file``: a JSON object whose sections (``trainer``, ``rollout``,
+    ...) are objects. Anything else is a ``ConfigError`` naming the file (and, for JSON that
+    does not parse, the line and column), where it was an ``AttributeError`` traceback or a
+    decoder message that named no file."""
+    try:
+        values = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{file}: not valid JSON at line {e.lineno} column {e.colno} "
+                          f"({e.msg})") from None
+    except (OSError, UnicodeDecodeError, RecursionError) as e:
+        reason = "nested too deeply" if isinstance(e, RecursionError) else type(e).__name__
+        raise ConfigError(f"{file}: not a readable config ({reason}: {e})") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{file}: expected a JSON object of config sections, got "
+                          f"{type(values).__name__}")
+    hints = typing.get_type_hints(RunConfig)
+    for name, value in values.items():
+        if dataclasses.is_dataclass(hints.get(name)) and not isinstance(value, dict):
+            raise ConfigError(f"{file}: {name!r} must be a JSON object of its fields, got "
+                              f"{json.dumps(value)[:80]}")
+    return values
 
 
 def run_folder(config: Any) -> Path:

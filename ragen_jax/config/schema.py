@@ -28,6 +28,7 @@ from ragen_jax.config.fields import (
     learning_rate,
     read_section,
 )
+from ragen_jax.metrics import NO_OP_SINKS, SINKS
 from ragen_jax.models.attention import ATTENTION_IMPLS
 from ragen_jax.models.qwen_config import REMAT_POLICIES
 from ragen_jax.rollout.config import RolloutConfig
@@ -36,6 +37,10 @@ from ragen_jax.starpo.filtering import FilterConfig
 from ragen_jax.starpo.normalization import GROUPINGS, METHODS
 from ragen_jax.starpo.update import SAMPLE_UNITS
 
+# Seeds and step numbers become uint32 random-key data (jax.random.key, fold_in); past that
+# they failed deep in JAX as an OverflowError traceback.
+MAX_SEED = 2**32 - 1
+MAX_STEP = 2**31 - 1
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # a dtype's name -> JAX dtype
 COMPUTE_DTYPES = ("auto", *DTYPES)  # model.dtype's values (auto: compute_dtype decides)
 frozen = dataclasses.dataclass(frozen=True, kw_only=True)
@@ -401,6 +406,11 @@ class TrainerConfig:
 
     def __post_init__(self):
         at_least("trainer", self, ("total_steps", "test_freq", "save_freq", "keep_checkpoints"), 1)
+        if self.total_steps > MAX_STEP:
+            raise ConfigError(f"trainer.total_steps must be <= {MAX_STEP} (steps fold into JAX's "
+                              f"32-bit random keys), got {self.total_steps}")
+        for name in self.logger:  # before the run folder gets its config.json
+            choice("trainer.logger", name, (*SINKS, *NO_OP_SINKS))
 
 
 @frozen
@@ -433,6 +443,13 @@ class DistributedConfig:
     initialization_timeout_s: int = 300  # give up if the job has not assembled by then
     heartbeat_timeout_s: int = 100  # a silent (dead) process ends the others after this
 
+    def __post_init__(self):
+        at_least("distributed", self, ("num_processes", "initialization_timeout_s",
+                                       "heartbeat_timeout_s"), 1)
+        if self.coordinator_address != "auto" and not 0 <= self.process_id < self.num_processes:
+            raise ConfigError(f"distributed.process_id must be in [0, distributed.num_processes="
+                              f"{self.num_processes}), got {self.process_id}")
+
     @property
     def enabled(self) -> bool:
         return bool(self.coordinator_address) and (
@@ -460,6 +477,9 @@ class RunConfig:
     distributed: DistributedConfig = DistributedConfig()
 
     def __post_init__(self):
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"seed must be in [0, {MAX_SEED}] (it seeds JAX's uint32 random "
+                              f"keys and numpy's generators), got {self.seed}")
         self._check_sample_unit()
         self._check_mix()
         self._check_lengths()

@@ -20,6 +20,10 @@ from gymnax.environments import spaces
 from ragen_jax.envs.base import TextEnv
 from ragen_jax.envs.grid import reachable
 
+# The board is each prompt's text: 64 x 64 cells are ~4,000 tokens a turn, past every
+# preset's rollout.max_model_len; a larger size only allocated until memory ran out.
+MAX_SIZE = 64
+
 # Observation codes (RAGEN's ``GRID_LOOKUP`` order).
 PLAYER, FROZEN, HOLE, GOAL, PLAYER_IN_HOLE, PLAYER_ON_GOAL = 0, 1, 2, 3, 4, 5
 SYMBOLS = ("P", "_", "O", "G", "X", "√")  # index = observation code
@@ -99,8 +103,8 @@ class FrozenLake(TextEnv[EnvState, EnvParams]):
 
     def __init__(self, size: int = 4, observation_format: str = "grid") -> None:
         super().__init__()
-        if size < 2:
-            raise ValueError(f"FrozenLake size must be at least 2, got {size}")
+        if not 2 <= size <= MAX_SIZE:
+            raise ValueError(f"FrozenLake size must be in [2, {MAX_SIZE}], got {size}")
         if observation_format not in OBSERVATION_FORMATS:
             raise ValueError(
                 f"unknown observation_format {observation_format!r}; one of {OBSERVATION_FORMATS}"

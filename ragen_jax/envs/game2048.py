@@ -20,6 +20,10 @@ from gymnax.environments import spaces
 
 from ragen_jax.envs.base import TextEnv
 
+# The board is each prompt's text: 64 x 64 cells are ~4,000 tokens a turn, past every
+# preset's rollout.max_model_len; a larger size only allocated until memory ran out.
+MAX_SIZE = 64
+
 ACTION_NAMES = ("Up", "Right", "Down", "Left")  # RAGEN's action_lookup, same ids 0-3
 
 # RAGEN's env_instruction of the ``game_2048`` tag (its 4x4 made the board's real size).
@@ -153,8 +157,8 @@ class Game2048(TextEnv[EnvState, EnvParams]):
 
     def __init__(self, size: int = 4) -> None:
         super().__init__()
-        if size < 2:
-            raise ValueError(f"2048 size must be at least 2, got {size}")
+        if not 2 <= size <= MAX_SIZE:
+            raise ValueError(f"2048 size must be in [2, {MAX_SIZE}], got {size}")
         self.size = size
         self.to_left, self.from_left = orientations(size)
         self.instruction = INSTRUCTION.format(n=size)

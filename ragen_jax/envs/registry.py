@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -76,11 +77,24 @@ def make(name: str, **params: Any) -> tuple[TextEnv | HostEnvFamily, Any]:
     if unknown:
         allowed = ", ".join(sorted(ctor_names | param_names))
         raise ValueError(f"env {name!r}: unknown parameter(s) {sorted(unknown)}; allowed: {allowed}")
+    _check_ints(name, cls, params)
     env = cls(**{k: v for k, v in params.items() if k in ctor_names})
     env_params = env.default_params.replace(
         **{k: v for k, v in params.items() if k in param_names and k not in ctor_names}
     )
     return env, env_params
+
+
+def _check_ints(name: str, cls: type, params: dict[str, Any]) -> None:
+    """Refuses a non-integer for a constructor parameter typed ``int`` (``size=1e6``, a float
+    from the command line, reached numpy's allocator as a 7 TiB board)."""
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except (NameError, TypeError):  # an annotation that names a type-checking-only import
+        hints = {}
+    for k, v in params.items():
+        if hints.get(k) is int and (isinstance(v, bool) or not isinstance(v, int)):
+            raise ValueError(f"env {name!r}: parameter {k} must be an int, got {v!r}")
 
 
 def _make_host(name: str, factory: Callable[..., HostEnv], params: dict[str, Any]) -> HostEnvFamily:

@@ -151,11 +151,26 @@ def hf_config(path: Path, meta: dict[str, Any], shapes: dict[str, tuple[int, ...
             raise CheckpointError(f"{path}: metadata key {arch}.{name} is missing")
         return value
 
-    hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
+    def count(name: str, default: Any = KeyError) -> int:
+        """A size the metadata states, which must be a positive integer: a zero head count
+        divided by zero, and the layer loops below run to whatever ``block_count`` says."""
+        value = key(name, default)
+        whole = (isinstance(value, int) and not isinstance(value, bool)
+                 or isinstance(value, float) and value.is_integer())  # not nan, inf or 1.5
+        if not whole or value < 1:
+            raise CheckpointError(f"{path}: metadata {arch}.{name}={value!r} must be a "
+                                  f"positive integer")
+        return int(value)
+
+    hidden, heads = count("embedding_length"), count("attention.head_count")
+    blocks = count("block_count")
     # llama.cpp states head_dim as the key length when it differs from hidden / heads (Qwen3
     # always); older llama files state it only as the rotary width.
-    head_dim = int(key("attention.key_length", None) or key("rope.dimension_count", None)
-                   or hidden // heads)
+    head_dim = next((count(name) for name in ("attention.key_length", "rope.dimension_count")
+                     if key(name, None)), hidden // heads)
+    if head_dim < 1:
+        raise CheckpointError(f"{path}: metadata {arch}.attention.head_count={heads} exceeds "
+                              f"{arch}.embedding_length={hidden} (no head dimension left)")
     if int(key("attention.value_length", head_dim)) != head_dim:
         raise CheckpointError(f"{path}: attention value length differs from key length; "
                               "not supported")
@@ -168,13 +183,13 @@ def hf_config(path: Path, meta: dict[str, Any], shapes: dict[str, tuple[int, ...
         "model_type": arch,
         "vocab_size": shapes["token_embd.weight"][0],  # the embedding, not the token list, sizes the model
         "hidden_size": hidden,
-        "intermediate_size": int(key("feed_forward_length")),
-        "num_hidden_layers": int(key("block_count")),
+        "intermediate_size": count("feed_forward_length"),
+        "num_hidden_layers": blocks,
         "num_attention_heads": heads,
-        "num_key_value_heads": int(key("attention.head_count_kv", heads)),
+        "num_key_value_heads": count("attention.head_count_kv", heads),
         "head_dim": head_dim,
         "hidden_act": "silu",
-        "max_position_embeddings": int(key("context_length")),
+        "max_position_embeddings": count("context_length"),
         "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon")),
         "rope_theta": theta,
         "rope_scaling": _rope_scaling(path, arch, meta, rope_freqs, theta, head_dim),
@@ -255,6 +270,17 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     does the same (``LlamaTensorProcessor``)."""
     return (w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:])
             .swapaxes(1, 2).reshape(w.shape))
+
+
+def _check_layers(path: Path, config: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> None:
+    """Raises unless the file holds tensors (``blk.<i>.*``) for as many layers as its metadata
+    declares. Checked before anything loops over the layers: a 437 KB file declaring
+    ``block_count=1e9`` grew past 3 GB building the names of its parameters."""
+    layers = {name.split(".")[1] for name in shapes if name.startswith("blk.")}
+    declared = config["num_hidden_layers"]
+    if declared > len(layers):
+        raise CheckpointError(f"{path}: metadata {config['model_type']}.block_count={declared} "
+                              f"but the file holds the tensors of {len(layers)} layers")
 
 
 def _check_types(path: Path, tensors: list[Any]) -> None:
@@ -370,6 +396,7 @@ def convert(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     rope_freqs = None if rope is None else gguf.quants.dequantize(rope.data, rope.tensor_type)
     config = hf_config(path, meta, shapes, rope_freqs=rope_freqs,
                        dtype=_folder_dtype(reader.tensors))
+    _check_layers(path, config, shapes)
     _check_types(path, reader.tensors)
     tok = gguf_tokenizer.build(path, meta)  # before the weights: fails in a second, not a minute
     plan = _plan(path, reader, config)

@@ -35,11 +35,15 @@ SNAPSHOT_MARKER = "ragen_jax_snapshot.json"
 
 def read_json(path: Path) -> dict:
     """The JSON object in ``path``; a file that cannot be read, is not UTF-8 (random bytes),
-    is not JSON or not an object is a ``CheckpointError`` naming the file."""
+    is not JSON (or nests too deeply to parse) or not an object is a ``CheckpointError``
+    naming the file."""
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:  # ValueError: UnicodeDecodeError and JSONDecodeError
         raise CheckpointError(f"{path} is not readable JSON ({describe_error(e)})") from None
+    except RecursionError:  # arrays or objects nested deeper than Python's parser recurses
+        raise CheckpointError(f"{path} is not readable JSON (nested too deeply to "
+                              f"parse)") from None
     if not isinstance(d, dict):
         raise CheckpointError(f"{path} is not a JSON object")
     return d

@@ -375,6 +375,59 @@ def test_missing_path(tmp_path):
     _one_line_error(tmp_path / "nowhere.gguf", tmp_path, "no such GGUF file")
 
 
+def _qwen2_meta(**counts) -> dict:
+    """The metadata of a small qwen2 file, with ``counts`` replacing its sizes."""
+    sizes = {"embedding_length": 64, "attention.head_count": 4, "feed_forward_length": 128,
+             "block_count": 2, "context_length": 1024} | counts
+    return {"general.architecture": "qwen2", "qwen2.attention.layer_norm_rms_epsilon": 1e-6,
+            **{f"qwen2.{k}": v for k, v in sizes.items()}}
+
+
+@pytest.mark.parametrize("key, value", [("attention.head_count", 0), ("block_count", 0),
+                                        ("embedding_length", -64), ("context_length", 1.5),
+                                        ("context_length", float("nan")),
+                                        ("feed_forward_length", "128")])
+def test_a_header_count_that_is_not_a_positive_integer_is_named(key, value):
+    """``head_count`` 0 was a ZeroDivisionError traceback (hidden // heads)."""
+    with pytest.raises(CheckpointError) as e:
+        hf_config(Path("x.gguf"), _qwen2_meta(**{key: value}), {"token_embd.weight": (VOCAB, 64)})
+    assert str(e.value) == f"x.gguf: metadata qwen2.{key}={value!r} must be a positive integer"
+
+
+def test_more_heads_than_the_width_is_named():
+    with pytest.raises(CheckpointError, match="head_count=128 exceeds qwen2.embedding_length=64"):
+        hf_config(Path("x.gguf"), _qwen2_meta(**{"attention.head_count": 128}),
+                  {"token_embd.weight": (VOCAB, 64)})
+
+
+def test_a_layer_count_the_file_cannot_hold_is_refused_before_the_layers_are_sized(tmp_path):
+    """A small file declaring ``block_count=1e9`` grew past 3 GB in 21 s building its
+    parameters' names (one loop turn a declared layer): refused from the file's own tensors."""
+    w = gguf.GGUFWriter(str(tmp_path / "f.gguf"), "qwen2")
+    w.add_block_count(10**9)
+    w.add_context_length(1024)
+    w.add_embedding_length(8)
+    w.add_feed_forward_length(16)
+    w.add_head_count(2)
+    w.add_layer_norm_rms_eps(1e-6)
+    tokens, types = _vocab()  # a whole tokenizer: the conversion builds it before the layers
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(list(MERGES))
+    w.add_eos_token_id(0)
+    w.add_tensor("token_embd.weight", np.zeros((VOCAB, 8), np.float32))
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(8, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    message = _one_line_error(tmp_path / "f.gguf", tmp_path, "block_count")
+    assert message == (f"{tmp_path / 'f.gguf'}: metadata qwen2.block_count=1000000000 but the "
+                       f"file holds the tensors of 1 layers")
+
+
 # ------------------------------------------------------------------------------------------------
 # model.path=FILE.gguf, and ragen_jax's own model on a converted folder
 # ------------------------------------------------------------------------------------------------

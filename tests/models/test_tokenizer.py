@@ -82,3 +82,14 @@ def test_tiny_preset_covers_tokenizer(tok):
     logits, _ = model(ids, jnp.arange(ids.shape[1])[None])
     assert logits.shape == (1, ids.shape[1], cfg.vocab_size)
     assert bool(jnp.isfinite(logits).all())
+
+
+def test_a_tokenizer_json_nested_too_deeply_is_one_line_naming_it(tmp_path):
+    """A deeply nested ``tokenizer.json`` (the report's was 40 MB) was a RecursionError
+    traceback from reading the folder's files to name the broken one; now that line."""
+    from ragen_jax.models import CheckpointError
+
+    (tmp_path / "tokenizer.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(CheckpointError) as e:
+        tk.load(tmp_path)
+    assert str(e.value) == f"{tmp_path / 'tokenizer.json'} is not readable JSON (nested too deeply to parse)"
