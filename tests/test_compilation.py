@@ -97,8 +97,8 @@ def test_one_cache_written_and_read_by_two_processes_at_once(tmp_path):
 def test_a_multi_turn_run_compiles_nothing_after_its_first_cycle(tmp_path):
     """Tiny FrozenLake with a real-model preset's stop strings and a short format-only warm
     start (answers of varying length; first prompts near a 64-token bucket's edge), on a
-    micro random model: validation every 2 steps (0, 2, 4), diagnostics every 2 (steps 1 and
-    3), 4 steps. Every program compiles by the end of the first step (after the first
+    one-layer micro random model: validation every 2 steps (0, 2, 4), diagnostics every 2
+    (steps 1 and 3), 4 steps. Every program compiles by the end of the first step (after the first
     validation); no later step compiles. Without the shape marks (ragen_jax.shapes) the
     sampler's first-turn bucket, the update's width and the diagnostics' inputs compiled
     again at later steps (at steps 3 and 4 of this run with 16 episodes a step; at 12 steps
@@ -111,8 +111,9 @@ def test_a_multi_turn_run_compiles_nothing_after_its_first_cycle(tmp_path):
         f"--config.trainer.output_dir={tmp_path}", "--config.trainer.total_steps=4",
         "--config.trainer.progress=False", "--config.trainer.test_freq=2",
         "--config.trainer.save_freq=100", "--config.diagnostics.compute_freq=2",
+        # One layer: which shapes a step compiles for does not depend on the depth.
         "--config.model.hidden_size=64", "--config.model.intermediate_size=128",
-        "--config.model.num_hidden_layers=2",
+        "--config.model.num_hidden_layers=1",
         "--config.warmstart.steps=2", "--config.warmstart.turns.steps=0",
         "--config.warmstart.episodes=16", "--config.warmstart.batch_size=8",
         "--config.warmstart.cache=False", "--config.warmstart.solver_share=0",

@@ -876,20 +876,27 @@ _DATA_ENVS = (("metamathqa", "MetamathQA", 3, 16, None, None),
               ("search", "SearchQA", 5, 32, "bm25s", "search"),
               ("textworld", "TextWorld", 3, 16, "textworld", "textworld"),
               ("gem", "GuessTheNumber", 4, 16, "gem", "gem"))
+# The run plays at most two turns of each env: multi-turn (an observation after an answer)
+# all the same, without the long transcripts (up to max_model_len) that made most of its
+# time in sampling and updates. Longer episodes of each env are played in its env test
+# (tests/envs/test_metamathqa.py, test_search.py, test_textworld_env.py, test_gem_env.py).
+_DATA_TURNS = 2
 
 
 @pytest.fixture(scope="module")
 def data_presets_run(tmp_path_factory):
-    """configs/metamathqa.py (our 26-question sample; up to three answers per question,
-    RAGEN's retries), configs/deepcoder.py (our 16-problem sample; one program each, run in
-    the sandbox inside the env's worker processes: the format warm-start's and any the model
-    writes), configs/search.py (our 6-question sample and 8-passage BM25 corpus; up to five
-    searches and answers), configs/textworld.py (8 coin-collector games, compiled into the
-    temp dir's cache on first use; up to three commands) and configs/gem.py (GEM's
-    GuessTheNumber, up to four guesses), those whose packages are installed, in one mixed run
-    on the micro model, each with its own preset's params, turns and answer length."""
+    """configs/metamathqa.py (our 26-question sample; answers retried, RAGEN's retries),
+    configs/deepcoder.py (our 16-problem sample; one program each, run in the sandbox inside
+    the env's worker processes: the format warm-start's and any the model writes),
+    configs/search.py (our 6-question sample and 8-passage BM25 corpus; searches and
+    answers), configs/textworld.py (8 coin-collector games, compiled into the temp dir's
+    cache on first use) and configs/gem.py (GEM's GuessTheNumber), those whose packages are
+    installed, in one mixed run on the micro model, each with its own preset's params and
+    answer length and its own turns up to ``_DATA_TURNS``."""
     out = tmp_path_factory.mktemp("data_presets")
-    envs = {name: {"response_length": length} for name, _, _, length, module, _ in _DATA_ENVS
+    envs = {name: {"response_length": length, "max_turn": min(turns, _DATA_TURNS),
+                   "max_actions_per_traj": min(turns, _DATA_TURNS)}
+            for name, _, turns, length, module, _ in _DATA_ENVS
             if module is None or importlib.util.find_spec(module) is not None}
     summary = _run(mix_config(out, envs, extra=(
         "--config.rollout.response_length=32", "--config.trainer.val_before_train=False",
@@ -909,7 +916,8 @@ def test_data_env_presets_train_two_steps(data_presets_run, tag, max_turns):
         m = metrics[step]
         for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", f"train/{tag}/success"):
             assert np.isfinite(m[key]), key
-        assert 1.0 <= m[f"train/{tag}/num_turns"] <= max_turns and m["rollout/env_errors"] == 0
+        assert 1.0 <= m[f"train/{tag}/num_turns"] <= min(max_turns, _DATA_TURNS)
+        assert m["rollout/env_errors"] == 0
     assert f"val-env/{tag}/success" in metrics[2]
 
 
