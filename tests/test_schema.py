@@ -611,3 +611,16 @@ def test_launch_refuses_before_the_run_folder_is_touched(tmp_path, override, mes
     assert r.returncode == 1 and len(lines) == 1, r.stderr[-3000:]
     assert lines[0].startswith(message), lines[0]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("env, name", [("frozenlake", "FrozenLake"), ("game2048", "2048")])
+def test_a_size_that_is_no_board_is_refused_by_name(env, name):
+    """``env.params.size=1e6`` (a float from the command line) reached an allocation of a
+    million-square board, a 7 TiB numpy error or an out-of-memory at the first reset: the
+    registry refuses a float for an int parameter, each env a size past its range."""
+    from ragen_jax.envs import make
+
+    with pytest.raises(ValueError, match=rf"^env '{env}': parameter size must be an int, got 1000000.0$"):
+        make(env, size=1e6)
+    with pytest.raises(ValueError, match=rf"^{name} size must be in \[2, 64\], got 1000000$"):
+        make(env, size=10**6)

@@ -7,7 +7,8 @@ busy laptop would run it.
 ``--busy N`` starts N processes that spin in a loop (a CPU-bound job of N processes) before
 the suite and stops them after it. Prints the wall time, the CPU seconds the suite's
 processes spent (its own and its reaped children's), pytest's summary line and its slowest
-tests; ``--out FILE`` also writes them as Markdown. Run it in a fresh clone whose venv CI's
+tests; ``--out FILE`` also writes them as Markdown, and pytest's whole output beside it
+(``FILE`` with ``.log`` for its suffix). Run it in a fresh clone whose venv CI's
 way made (``bash .ci/run`` does the install, then times nothing), so the numbers are a
 user's first run: JAX's compilation cache starts empty.
 """
@@ -70,6 +71,7 @@ def main() -> None:
     print("\n".join(report))
     if args.out:
         args.out.write_text("\n".join(report) + "\n")
+        args.out.with_suffix(".log").write_text(done.stdout + done.stderr)  # the failures' text
     sys.exit(done.returncode)
 
 

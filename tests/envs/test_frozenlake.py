@@ -476,14 +476,3 @@ def test_solver_paths_are_shortest_and_reach_the_goal(maps4):
     assert solve(walled, np.array([0, 0]), np.array([3, 3])) is None  # goal cut off
     assert solve(walled, np.array([3, 3]), np.array([3, 3])) == []  # already there
     assert solve(walled, np.array([2, 3]), np.array([0, 0])) is None  # in a hole
-
-
-def test_a_size_that_is_no_board_is_refused_by_name():
-    """``env.params.size=1e6`` (a float from the command line) reached an allocation of a
-    million-square board, a 7 TiB numpy error or an out-of-memory at the first reset."""
-    from ragen_jax.envs import make
-
-    with pytest.raises(ValueError, match=r"^env 'frozenlake': parameter size must be an int, got 1000000.0$"):
-        make("frozenlake", size=1e6)
-    with pytest.raises(ValueError, match=r"^FrozenLake size must be in \[2, 64\], got 1000000$"):
-        make("frozenlake", size=10**6)

@@ -308,14 +308,3 @@ def test_corner_baseline_beats_random_moves_and_is_the_solver_move():
     assert a in (1, 2) and solvers.solve(ENV, state) == [a]
     over = fixed_state([[2, 4, 2, 4], [4, 2, 4, 2], [2, 4, 2, 4], [4, 2, 4, 8]])
     assert solvers.solve(ENV, over) is None
-
-
-def test_a_size_that_is_no_board_is_refused_by_name():
-    """``env.params.size=1e6`` (a float from the command line) reached an allocation of a
-    million-square board, a 7 TiB numpy error or an out-of-memory at the first reset."""
-    from ragen_jax.envs import make
-
-    with pytest.raises(ValueError, match=r"^env 'game2048': parameter size must be an int, got 1000000.0$"):
-        make("game2048", size=1e6)
-    with pytest.raises(ValueError, match=r"^2048 size must be in \[2, 64\], got 1000000$"):
-        make("game2048", size=10**6)
