@@ -538,7 +538,7 @@ def test_launch_refuses_a_batch_that_cannot_fit_in_one_line(tmp_path):
     assert not (tmp_path / "run").exists()  # refused before the run folder was made
 
 
-# -- issue 77 item 9: values that reached a traceback, or passed ---------------------------------
+# -- values that once reached a traceback, or passed unchecked --------------------------------
 
 
 @pytest.mark.parametrize("fields, message", [

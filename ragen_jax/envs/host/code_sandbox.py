@@ -397,7 +397,8 @@ def _run_child(workdir: str, count: int, limits: SandboxLimits):
                         last_setup.clear()
                         last_setup.update(results.setup)
                         watch = results.setup.get("folder") != "tmpfs"
-                    stopped = results.problem
+                    if results.problem:  # never clears a stop already set
+                        stopped = results.problem
                 else:
                     if stdout_bytes < HEAD_BYTES:
                         head += chunk[:HEAD_BYTES - stdout_bytes]

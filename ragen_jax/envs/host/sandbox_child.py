@@ -152,10 +152,11 @@ def _readable_by_anyone(path: str) -> bool:
     return True
 
 
-def readable_dirs(libdirs: list) -> list:
-    """What the program may read: the interpreter's own directories (its import path) and
-    the system's shared libraries, with ``landlock``'s and ``pyseccomp``'s."""
-    dirs = [p for p in list(libdirs) + sys.path if os.path.isdir(p)]
+def readable_dirs(exclude: tuple = ()) -> list:
+    """What the program may read: the interpreter's own directories (its import path, less
+    ``exclude``: ``landlock``'s and ``pyseccomp``'s, imported before the rules apply) and the
+    system's shared libraries."""
+    dirs = [p for p in sys.path if p not in exclude and os.path.isdir(p)]
     dirs += [p for p in ("/usr/lib", "/lib", "/lib64", "/usr/lib64") if os.path.isdir(p)]
     return list(dict.fromkeys(dirs))
 
@@ -170,7 +171,7 @@ def unprivileged(libdirs: list) -> str:
     or why it kept root's."""
     if os.geteuid() != 0:
         return str(os.geteuid())
-    closed = [p for p in readable_dirs(libdirs) if not _readable_by_anyone(p)]
+    closed = [p for p in readable_dirs() + list(libdirs) if not _readable_by_anyone(p)]
     if closed:
         return f"kept root's, without capabilities: {closed[0]} is not readable by other users"
     uid = UNUSED_UID_BASE + os.getpid()
@@ -244,7 +245,7 @@ def confine(libdirs: list) -> str:
     import pyseccomp as sc
 
     here = os.getcwd()
-    readable = readable_dirs(libdirs)
+    readable = readable_dirs(exclude=tuple(libdirs))  # sys.path starts with libdirs here
     fs = landlock.FSAccess
     ruleset = landlock.Ruleset()
     ruleset.allow(*readable, rules=fs.READ_FILE | fs.READ_DIR | fs.EXECUTE)
