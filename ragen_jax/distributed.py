@@ -35,12 +35,9 @@ def initialize(d: Any) -> None:
     """``jax.distributed.initialize`` from ``config.distributed`` (no-op for one process, or
     when already initialized). Must run before anything starts JAX's backend: importing
     ``ragen_jax.train`` does (gymnax builds arrays at import), so ``launch.py`` calls this first.
-    Raises ``ValueError`` naming a bad field."""
+    ``d`` is a checked ``DistributedConfig`` (its counts and ``process_id`` are checked there)."""
     if jax.distributed.is_initialized() or not d.enabled:
         return
-    if d.coordinator_address != "auto" and not 0 <= d.process_id < d.num_processes:
-        raise ValueError(f"distributed.process_id must be in [0, num_processes="
-                         f"{d.num_processes}), got {d.process_id}")
     if jax.config.jax_platforms in (None, "", "cpu") and os.environ.get("JAX_PLATFORMS", "cpu") == "cpu":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")  # cross-process on CPU
     timeout = int(d.initialization_timeout_s)
