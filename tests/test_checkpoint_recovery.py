@@ -147,7 +147,7 @@ def _launch_micro(out: Path, *, read_only: Path | None = None, chmod: Path | Non
     cmd = [sys.executable, str(ROOT / "launch.py"), "--config", "configs/bandit.py",
            f"--config.trainer.output_dir={out}", "--config.trainer.total_steps=2",
            "--config.trainer.progress=False", "--config.model.hidden_size=64",
-           "--config.model.intermediate_size=128", "--config.model.num_hidden_layers=2",
+           "--config.model.intermediate_size=128", "--config.model.num_hidden_layers=1",
            "--config.rollout.env_groups=2", "--config.rollout.group_size=4",
            "--config.rollout.val.env_groups=4", "--config.actor.ppo_mini_batch_size=4",
            "--config.warmstart.steps=3", "--config.warmstart.episodes=8",

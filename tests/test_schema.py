@@ -525,17 +525,24 @@ def test_a_batch_that_cannot_fit_is_refused_with_its_estimate_and_a_large_one_wa
     assert f"  warning      memory: {warning}" in summary.splitlines()
 
 
-def test_launch_refuses_a_batch_that_cannot_fit_in_one_line(tmp_path):
-    import subprocess
+def _launch_refusal(tmp_path: Path, *overrides: str) -> str:
+    """``launch.py``'s one-line refusal of the Bandit preset with ``overrides``, from its
+    ``main`` in this process (imported, its exit raises SystemExit with the line instead of
+    ending the process; the command itself: tests/test_train.py's one-line tests)."""
+    import launch
 
-    r = subprocess.run([sys.executable, str(ROOT / "launch.py"), "--config", "configs/bandit.py",
-                        "--config.rollout.group_size=1000000",
-                        f"--config.trainer.output_dir={tmp_path / 'run'}"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode == 1 and len(lines) == 1, r.stderr[-3000:]
-    assert lines[0].startswith("launch.py: rollout.env_groups x rollout.group_size = 8 x 1000000")
+    with pytest.raises(SystemExit) as refused:
+        launch.main(["launch.py", "--config", str(ROOT / "configs/bandit.py"), *overrides,
+                     f"--config.trainer.output_dir={tmp_path / 'run'}"])
+    line = str(refused.value.code)
+    assert "\n" not in line, line
     assert not (tmp_path / "run").exists()  # refused before the run folder was made
+    return line
+
+
+def test_launch_refuses_a_batch_that_cannot_fit_in_one_line(tmp_path):
+    line = _launch_refusal(tmp_path, "--config.rollout.group_size=1000000")
+    assert line.startswith("launch.py: rollout.env_groups x rollout.group_size = 8 x 1000000"), line
 
 
 # -- values that once reached a traceback, or passed unchecked --------------------------------
@@ -602,15 +609,8 @@ def test_lengths_past_the_memory_are_refused_by_the_budget(field, value, message
 def test_launch_refuses_before_the_run_folder_is_touched(tmp_path, override, message):
     """Each was a traceback or left ``checkpoints/`` (a bad env name) or ``config.json`` (a
     bad logger) behind; now one line, and no run folder."""
-    import subprocess
-
-    r = subprocess.run([sys.executable, str(ROOT / "launch.py"), "--config", "configs/bandit.py",
-                        override, f"--config.trainer.output_dir={tmp_path / 'run'}"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode == 1 and len(lines) == 1, r.stderr[-3000:]
-    assert lines[0].startswith(message), lines[0]
-    assert not (tmp_path / "run").exists()
+    line = _launch_refusal(tmp_path, override)
+    assert line.startswith(message), line
 
 
 @pytest.mark.parametrize("env, name", [("frozenlake", "FrozenLake"), ("game2048", "2048")])

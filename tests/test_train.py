@@ -29,14 +29,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def micro_config(out: Path, *, steps: int = 4, estimator: str = "grpo", extra: tuple = (),
                  env: str = "bandit"):
-    """Bandit (or ``env``) on a 2-layer width-64 model: seconds per step on a CPU."""
+    """Bandit (or ``env``) on a 1-layer width-64 model: seconds per step on a CPU. One layer:
+    what a run does with its model (sampling, updates, checkpoints, export) is the same for
+    any depth, and each run compiles less (depth is tests/models/'s)."""
     args = ["--config", str(ROOT / f"configs/{env}.py"),
             f"--config.trainer.output_dir={out}",
             f"--config.trainer.total_steps={steps}",
             "--config.trainer.save_freq=2", "--config.trainer.test_freq=2",
             "--config.trainer.progress=False",
             "--config.model.hidden_size=64", "--config.model.intermediate_size=128",
-            "--config.model.num_hidden_layers=2",
+            "--config.model.num_hidden_layers=1",
             "--config.rollout.env_groups=2", "--config.rollout.group_size=4",
             "--config.rollout.val.env_groups=4", "--config.actor.ppo_mini_batch_size=4",
             # Mini-batches of 4 rows in one pass (the preset's 4 passes bound a real batch's
@@ -93,10 +95,14 @@ def test_launch_bad_override_is_one_line():
 
 
 def test_launch_bad_value_is_one_line_naming_the_field():
-    r = subprocess.run([sys.executable, str(ROOT / "launch.py"), "--config", "configs/bandit.py",
-                        "--config.rollout.group_size=0"], cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode != 0
-    assert r.stderr.strip().splitlines() == ["launch.py: rollout.group_size must be >= 1, got 0"]
+    """(In this process: ``launch.main``'s exit is the line; the command's stderr and exit
+    status are the test above's.)"""
+    import launch
+
+    with pytest.raises(SystemExit) as refused:
+        launch.main(["launch.py", "--config", str(ROOT / "configs/bandit.py"),
+                     "--config.rollout.group_size=0"])
+    assert refused.value.code == "launch.py: rollout.group_size must be >= 1, got 0"
 
 
 def _launch_with_failing_run(body: str) -> subprocess.CompletedProcess:
@@ -405,26 +411,18 @@ def test_a_disk_too_small_for_the_checkpoints_is_named_before_training(tmp_path,
 
 
 def test_ppo_with_critic_lora_and_kl_runs(tmp_path):
+    """GAE with a critic, LoRA, a KL penalty against the reference policy, logprobs recomputed
+    by the trainer and <think> answers in one run. (The gradient analysis in a run is
+    tests/test_distributed.py's; its norms, the KL's included, tests/starpo/test_gradient_analysis.py's.)"""
     summary = _run(micro_config(tmp_path, steps=2, estimator="gae", extra=(
         "--config.trainer.val_before_train=False", "--config.model.lora_rank=4",
         "--config.algorithm.kl_coef=0.01", "--config.actor.recompute_logprobs=True",
-        "--config.diagnostics.gradient_analysis=True", "--config.rollout.prompt.enable_think=True",
-        "--config.rollout.response_length=24")))
+        "--config.rollout.prompt.enable_think=True", "--config.rollout.response_length=24")))
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
     assert summary["step"] == 2
     for key in ("critic/vf_loss", "critic/grad_norm", "actor/kl_loss", "rollout/ref_kl"):
         assert np.isfinite(metrics[2][key]), key
-    # gradient analysis at the diagnostics steps (compute_freq 2: step 1 only); 2 groups in 3
-    # buckets: bucket 0 is empty and not logged
-    grad = {k: v for k, v in metrics[1].items() if k.startswith("collapse_grad/")}
-    for c in ("pg", "entropy", "kl"):
-        assert np.isfinite(grad[f"collapse_grad/{c}_grad_norm"]), c
-        assert f"collapse_grad/bucket0/{c}_grad_norm" not in grad
-        for k in (1, 2):
-            assert np.isfinite(grad[f"collapse_grad/bucket{k}/{c}_grad_norm"]), (k, c)
-    assert grad["collapse_grad/bucket1/reward_std_mean"] <= grad["collapse_grad/bucket2/reward_std_mean"]
-    assert grad["collapse_grad/bucket1/num_rows"] + grad["collapse_grad/bucket2/num_rows"] == 8
-    assert not any(k.startswith("collapse_grad/") for k in metrics[2])
+    assert not any(k.startswith("collapse_grad/") for k in metrics[1])  # off by default
     assert metrics[1]["rollout/logprob_gap"] < 1e-3  # trainer and sampler agree
     assert 0.0 <= metrics[1]["collapse/valid_thinking_rate"] <= 1.0  # logged with enable_think
 
@@ -489,11 +487,12 @@ def test_export_loads_in_transformers_with_the_same_greedy_actions(reference_run
         assert theirs == ours[b, : lengths[b]].tolist()
 
 
-@pytest.mark.parametrize("env", ["bandit", "mixed"])
+@pytest.mark.parametrize("env", ["bandit", "mixed_countdown"])
 def test_export_restores_the_actor_without_envs_or_optimizers(env, request, tmp_path,
                                                              monkeypatch):
-    """Bandit's run and the mixed run (SimpleSokoban and FrozenLake: grid envs, a JAX env's
-    and a multi-env run's config) export without building an env, a sampler or an optimizer."""
+    """Bandit's run and the Countdown mix's (a multi-env run's config, a grid env and host
+    envs whose worker processes must not start) export without building an env, a sampler or
+    an optimizer."""
     import jax
 
     import ragen_jax.envs.registry
@@ -505,7 +504,7 @@ def test_export_restores_the_actor_without_envs_or_optimizers(env, request, tmp_
     from ragen_jax.models import from_pretrained
     from ragen_jax.policy import load_policy
 
-    run_dir = request.getfixturevalue("reference_run" if env == "bandit" else "mixed_run")[0]
+    run_dir = request.getfixturevalue("reference_run" if env == "bandit" else "countdown_mix_run")[0]
 
     def forbidden(*_a, **_k):
         raise AssertionError("export built an env, a sampler or an optimizer")
@@ -517,7 +516,8 @@ def test_export_restores_the_actor_without_envs_or_optimizers(env, request, tmp_
         monkeypatch.setattr(module, name, forbidden)
     out = export_main(["--checkpoint", str(run_dir), "--out", str(tmp_path / "hf")])
     actor, _, run, step = load_policy(run_dir)
-    assert run.env.name == env and step == (4 if env == "bandit" else 2)
+    assert run.env.name == ("bandit" if env == "bandit" else "mixed")
+    assert step == (4 if env == "bandit" else 2)
     exported = from_pretrained(out)
     for a, b in zip(jax.tree.leaves(nnx.state(actor, nnx.Param)),
                     jax.tree.leaves(nnx.state(exported, nnx.Param)), strict=True):
@@ -694,68 +694,15 @@ def test_single_turn_rows_can_come_from_their_own_mixture(tmp_path, monkeypatch)
 
 
 @pytest.fixture(scope="module")
-def mixed_run(tmp_path_factory):
-    """configs/mixed.py (SimpleSokoban and FrozenLake) on the micro model, one group of each
-    env per step, two steps; ``(folder, summary, what normalize_batch saw each step)``."""
-    import ragen_jax.train as train
-
-    out = tmp_path_factory.mktemp("mixed")
-    seen = []
-    real = train.normalize_batch
-
-    def spy(batch, scores, tag_ids, rows, grouping, method, **kw):  # kw: valid (env errors)
-        normed = real(batch, scores, tag_ids, rows, grouping, method, **kw)
-        seen.append((np.asarray(tag_ids).copy(), np.asarray(batch.scores), normed.scores))
-        return normed
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(train, "normalize_batch", spy)
-        summary = _run(micro_config(out, steps=2, env="mixed", extra=(
-            "--config.env.mix.SimpleSokoban.groups=1", "--config.env.mix.FrozenLake.groups=1",
-            "--config.rollout.max_turn=2", "--config.trainer.val_before_train=False",
-            "--config.algorithm.reward_norm_grouping=inductive",
-            "--config.algorithm.reward_norm_method=mean")))
-    return out, summary, seen
-
-
-def test_mixed_run_trains_both_envs_in_one_batch(mixed_run):
-    """The mixed run (the fixture): one update on both envs' rows, per-tag metrics and
-    validation, and the inductive normaliser sees each row's env."""
-    tmp_path, summary, seen = mixed_run
-    assert summary["step"] == 2
-    metrics = read_jsonl(tmp_path / "metrics.jsonl")
-    tags = ("SimpleSokoban", "FrozenLake")
-    assert {k for k in metrics[0] if k.startswith("warmstart/")} >= {
-        f"warmstart/{t}/action_is_effective" for t in tags}
-    for step in (1, 2):
-        m = metrics[step]
-        for tag in tags:
-            for name in ("success", "score", "num_turns", "pass@4", "response_length"):
-                assert f"train/{tag}/{name}" in m, (step, tag, name)
-        assert m["train/batch_size"] == 8 and m["rollout/num_trajectories"] == 8  # 2 groups x 4
-        for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm"):
-            assert np.isfinite(m[key]), key
-        assert 0.0 <= m["rollout/pad_fraction"] < 1.0
-    for tag in tags:
-        assert f"val-env/{tag}/success" in metrics[2]  # val_groups 4: 2 per env
-    assert np.isfinite(metrics[1]["collapse_first_turn_sample/mi_estimate"])  # on the mixed batch
-    for tag_ids, raw, normed in seen:  # the rows' envs: group 0 Sokoban's, group 1 the lake's
-        np.testing.assert_array_equal(tag_ids, [0] * 4 + [1] * 4)
-        np.testing.assert_allclose(normed, raw - np.repeat([raw[:4].mean(), raw[4:].mean()], 4),
-                                   atol=1e-6)
-    val = [json.loads(x) for x in (tmp_path / "trajectories" / "val_step00002.jsonl").read_text().splitlines()]
-    assert [(t["tag"], t["seed"]) for t in val] == [
-        ("SimpleSokoban", 123), ("SimpleSokoban", 124), ("FrozenLake", 123), ("FrozenLake", 124)]
-
-
-@pytest.fixture(scope="module")
 def countdown_mix_run(tmp_path_factory):
     """configs/mixed_countdown.py on the micro model, one group of SimpleSokoban and one of
     Countdown per step, and a third entry: Countdown whose every reset hangs forever (one
-    training group, no validation groups). Two steps, no warm start (the warm start of a mix
-    with host envs: the data-env mix above), trained with GiGPO (per-turn advantages from the
-    JAX env's state hashes and the host env's texts, the hung episodes in no group; the
-    other estimators run in the runs above); ``(folder, summary)``."""
+    training group, no validation groups). Two steps, no warm start (the warm start of a mix:
+    the presets run below), trained with GiGPO (per-turn advantages from the JAX env's state
+    hashes and the host env's texts, the hung episodes in no group; the other estimators run
+    in the runs above) on scores normalised by each row's env (the inductive grouping), and
+    diagnosed on the mixed batch; ``(folder, summary, what normalize_batch saw each step)``."""
+    import ragen_jax.train as train
     from ragen_jax.envs import register
     from tests.rollout.faulty_envs import HangingCountdown
 
@@ -764,40 +711,62 @@ def countdown_mix_run(tmp_path_factory):
     c = micro_config(out, steps=2, env="mixed_countdown", estimator="gigpo", extra=(
         "--config.env.mix.SimpleSokoban.groups=1", "--config.env.mix.Countdown.groups=1",
         "--config.rollout.max_turn=2", "--config.trainer.val_before_train=False",
-        "--config.warmstart.steps=0", "--config.diagnostics.compute_freq=0"))
+        "--config.warmstart.steps=0", "--config.algorithm.reward_norm_grouping=inductive",
+        "--config.algorithm.reward_norm_method=mean"))
     sokoban, countdown = c.env.mix
     hanging = dict(countdown, name="hanging_countdown", tag="Hanging", val_groups=0,
                    params=dict(countdown["params"], step_timeout=1.0))
     c.env.mix = (dict(sokoban, val_groups=2), dict(countdown, val_groups=2), hanging)
     c.rollout.env_groups = 3
-    return out, _run(c)
+    seen = []
+    real = train.normalize_batch
+
+    def spy(batch, scores, tag_ids, rows, grouping, method, **kw):
+        normed = real(batch, scores, tag_ids, rows, grouping, method, **kw)
+        seen.append((np.asarray(tag_ids).copy(), np.asarray(batch.scores), normed.scores,
+                     np.asarray(kw["valid"]).reshape(-1)))  # valid: [groups, group_size]
+        return normed
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(train, "normalize_batch", spy)
+        summary = _run(c)
+    return out, summary, seen
 
 
 @pytest.mark.timeout(600)  # the first to set up the run with the hanging env
 def test_mixed_countdown_and_sokoban_run(countdown_mix_run):
     """The run's one-step host env with its own rollout budget next to a multi-turn JAX env:
-    two updates with finite losses and per-tag metrics (diagnosed on a mix: the mixed run
-    above)."""
-    tmp_path, summary = countdown_mix_run
+    two updates with finite losses, per-tag metrics and validation, the collapse diagnostics
+    on the mixed batch, and the inductive normaliser seeing each row's env."""
+    tmp_path, summary, seen = countdown_mix_run
     assert summary["step"] == 2
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
     tags = ("SimpleSokoban", "Countdown")
     for step in (1, 2):
         m = metrics[step]
         for tag in tags:
-            for name in ("success", "score", "num_turns", "response_length"):
+            for name in ("success", "score", "num_turns", "pass@4", "response_length"):
                 assert f"train/{tag}/{name}" in m, (step, tag, name)
         assert m["train/Countdown/num_turns"] == 1.0  # the entry's own max_turn=1
         assert m["train/batch_size"] == 8  # the hanging env's group left out: the test below
         for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm"):
             assert np.isfinite(m[key]), key
+        assert 0.0 <= m["rollout/pad_fraction"] < 1.0
         # GiGPO's anchor groups: every group's first turns share its reset state (Sokoban's
         # by the state's hash, Countdown's by its text); the hung episodes count in none.
         assert 0.5 <= m["rollout/anchored_turns"] <= 1.0 and m["rollout/anchor_group_size"] >= 1
+    assert np.isfinite(metrics[1]["collapse_first_turn_sample/mi_estimate"])  # on the mixed batch
     for tag in tags:
         assert f"val-env/{tag}/success" in metrics[2]
     val = [json.loads(x) for x in (tmp_path / "trajectories" / "val_step00002.jsonl").read_text().splitlines()]
-    assert [t["tag"] for t in val] == ["SimpleSokoban"] * 2 + ["Countdown"] * 2
+    assert [(t["tag"], t["seed"]) for t in val] == [
+        ("SimpleSokoban", 123), ("SimpleSokoban", 124), ("Countdown", 123), ("Countdown", 124)]
+    assert len(seen) == 2
+    for tag_ids, raw, normed, valid in seen:  # the rows' envs, a group of 4 each, in mix order
+        np.testing.assert_array_equal(tag_ids, [0] * 4 + [1] * 4 + [2] * 4)
+        np.testing.assert_array_equal(valid, [True] * 8 + [False] * 4)  # the hung episodes
+        means = np.repeat([raw[:4].mean(), raw[4:8].mean()], 4)
+        np.testing.assert_allclose(normed[:8], raw[:8] - means, atol=1e-6)
 
 
 def test_windowed_sokoban_preset_trains_turn_rows_and_diagnoses_first_turns(tmp_path):
@@ -838,33 +807,6 @@ def mix_config(out: Path, envs: dict[str, dict], *, steps: int = 2, extra: tuple
     return c
 
 
-@pytest.fixture(scope="module")
-def solver_presets_run(tmp_path_factory):
-    """configs/game2048.py's and configs/rubikscube.py's envs in one mixed run on the micro
-    model, the prior from the solver mixture (the cube's BFS solver, 2048's scripted
-    baseline)."""
-    out = tmp_path_factory.mktemp("solver_presets")
-    own = {"max_turn": 2, "response_length": 24}
-    summary = _run(mix_config(out, {"game2048": own, "rubikscube": own}, extra=(
-        "--config.rollout.max_turn=2", "--config.warmstart.solver_share=0.5",
-        "--config.warmstart.legal_actions=True",  # 2048's preset's: format moves change the board
-        "--config.rollout.response_length=24", "--config.trainer.val_before_train=False",
-        # The collapse diagnostics are the windowed Sokoban test's; here they only compile.
-        "--config.diagnostics.compute_freq=0")))
-    return summary, read_jsonl(out / "metrics.jsonl")
-
-
-@pytest.mark.parametrize("tag", ["Game2048", "RubiksCube"])
-def test_game2048_and_cube_presets_train_two_steps(tag, solver_presets_run):
-    """Both envs in one run (the fixture): two updates with finite losses and each env's
-    metrics."""
-    summary, metrics = solver_presets_run
-    assert summary["step"] == 2
-    for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", f"train/{tag}/success"):
-        assert np.isfinite(metrics[1][key]), key
-    assert f"val-env/{tag}/success" in metrics[2]
-
-
 def _needs(module: str, extra: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(importlib.util.find_spec(module) is None,
                               reason=f"needs {module} (pip install 'ragen_jax[{extra}]')")
@@ -883,34 +825,58 @@ _DATA_ENVS = (("metamathqa", "MetamathQA", 3, 16, None, None),
 _DATA_TURNS = 2
 
 
+# The solver envs' own rollout fields in the presets run: two turns, a shorter answer.
+_SOLVER_ENVS = {"game2048": ("Game2048", 24), "rubikscube": ("RubiksCube", 24)}
+
+
 @pytest.fixture(scope="module")
-def data_presets_run(tmp_path_factory):
-    """configs/metamathqa.py (our 26-question sample; answers retried, RAGEN's retries),
-    configs/deepcoder.py (our 16-problem sample; one program each, run in the sandbox inside
-    the env's worker processes: the format warm-start's and any the model writes),
-    configs/search.py (our 6-question sample and 8-passage BM25 corpus; searches and
-    answers), configs/textworld.py (8 coin-collector games, compiled into the temp dir's
-    cache on first use) and configs/gem.py (GEM's GuessTheNumber), those whose packages are
-    installed, in one mixed run on the micro model, each with its own preset's params and
-    answer length and its own turns up to ``_DATA_TURNS``."""
-    out = tmp_path_factory.mktemp("data_presets")
+def presets_run(tmp_path_factory):
+    """One mixed run on the micro model over the presets' envs that no other run trains:
+    configs/game2048.py and configs/rubikscube.py (two turns each), configs/metamathqa.py
+    (our 26-question sample; answers retried, RAGEN's retries), configs/deepcoder.py (our
+    16-problem sample; one program each, run in the sandbox inside the env's worker processes:
+    the format warm-start's and any the model writes), configs/search.py (our 6-question sample
+    and 8-passage BM25 corpus; searches and answers), configs/textworld.py (8 coin-collector
+    games, compiled into the temp dir's cache on first use) and configs/gem.py (GEM's
+    GuessTheNumber), those whose packages are installed, each with its own preset's params and
+    answer length and its own turns up to ``_DATA_TURNS``. One run: the update, the warm start
+    and validation compile once for all of them. The warm start draws only moves that change
+    the board (2048's preset's setting; the free-text envs draw their own answers)."""
+    out = tmp_path_factory.mktemp("presets")
     envs = {name: {"response_length": length, "max_turn": min(turns, _DATA_TURNS),
                    "max_actions_per_traj": min(turns, _DATA_TURNS)}
             for name, _, turns, length, module, _ in _DATA_ENVS
             if module is None or importlib.util.find_spec(module) is not None}
+    envs |= {name: {"response_length": length, "max_turn": _DATA_TURNS}
+             for name, (_, length) in _SOLVER_ENVS.items()}
     summary = _run(mix_config(out, envs, extra=(
-        "--config.rollout.response_length=32", "--config.trainer.val_before_train=False",
+        "--config.rollout.response_length=32", "--config.rollout.max_turn=2",
+        "--config.warmstart.legal_actions=True", "--config.trainer.val_before_train=False",
+        # The collapse diagnostics are the windowed Sokoban test's; here they only compile.
         "--config.diagnostics.compute_freq=0")))
     return summary, read_jsonl(out / "metrics.jsonl")
+
+
+@pytest.mark.parametrize("tag", [tag for tag, _ in _SOLVER_ENVS.values()])
+def test_game2048_and_cube_presets_train_two_steps(tag, presets_run):
+    """2048 and the cube in the presets run (the fixture): two updates with finite losses and
+    each env's metrics."""
+    summary, metrics = presets_run
+    assert summary["step"] == 2
+    for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", f"train/{tag}/success"):
+        assert np.isfinite(metrics[1][key]), key
+    assert 1.0 <= metrics[1][f"train/{tag}/num_turns"] <= _DATA_TURNS
+    assert f"val-env/{tag}/success" in metrics[2]
+    assert f"warmstart/{tag}/action_is_effective" in metrics[0]  # the mix's prior, per env
 
 
 @pytest.mark.parametrize("tag,max_turns", [
     pytest.param(tag, turns, marks=() if module is None else _needs(module, extra))
     for _, tag, turns, _, module, extra in _DATA_ENVS])
-def test_data_env_presets_train_two_steps(data_presets_run, tag, max_turns):
-    """Each data env of the mixed run (the fixture): two updates with finite losses, its own
+def test_data_env_presets_train_two_steps(presets_run, tag, max_turns):
+    """Each data env of the presets run (the fixture): two updates with finite losses, its own
     turns, no env errors. (Their validation is held out: tests/test_held_out.py.)"""
-    summary, metrics = data_presets_run
+    summary, metrics = presets_run
     assert summary["step"] == 2
     for step in (1, 2):
         m = metrics[step]
@@ -925,7 +891,7 @@ def test_data_env_presets_train_two_steps(data_presets_run, tag, max_turns):
 def test_a_run_with_a_hanging_env_in_its_mix_finishes(countdown_mix_run):
     """The Countdown mix's hanging entry (every reset hangs forever): two steps finish, the
     hung episodes are env errors (their workers killed), and the update trains on the rest."""
-    tmp_path, summary = countdown_mix_run
+    tmp_path, summary, _ = countdown_mix_run
     assert summary["step"] == 2
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
     for s in (1, 2):

@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
-from gymnax.environments import spaces
 
 from ragen_jax.envs.base import TextEnv
+from ragen_jax.envs.gymnax_base import spaces
 
 # (low-risk, high-risk) name pairs. Train and test share no name.
 TRAIN_PAIRS: tuple[tuple[str, str], ...] = (

@@ -16,7 +16,8 @@ from typing import Any, Generic, TypeVar
 
 import jax
 import jax.numpy as jnp
-from gymnax.environments import environment
+
+from ragen_jax.envs.gymnax_base import environment
 
 TState = TypeVar("TState")
 TParams = TypeVar("TParams")

@@ -16,9 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
-from gymnax.environments import spaces
 
 from ragen_jax.envs.base import TextEnv
+from ragen_jax.envs.gymnax_base import spaces
 
 # The board is each prompt's text: 64 x 64 cells are ~4,000 tokens a turn, past every
 # preset's rollout.max_model_len; a larger size only allocated until memory ran out.

@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
-from gymnax.environments import spaces
 
 from ragen_jax.envs.base import TextEnv
+from ragen_jax.envs.gymnax_base import spaces
 
 ACTION_NAMES = ("U", "U'", "D", "D'", "L", "L'", "R", "R'", "F", "F'", "B", "B'")
 FACES = ("Up (U)", "Left (L)", "Front (F)", "Right (R)", "Back (B)", "Down (D)")

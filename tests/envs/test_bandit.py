@@ -4,6 +4,9 @@ rendering, and jit/vmap/gymnax properties."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -234,3 +237,23 @@ def test_gymnax_step_auto_resets(seed, action):
     obs_st, _, reward_st, _, _ = ENV.step_env(k_step, state, action, PARAMS)
     assert float(reward) == float(reward_st)
     np.testing.assert_array_equal(info["final_observation"], obs_st)
+
+
+def test_the_envs_import_gymnaxs_base_modules_alone_and_gymnax_sees_the_same_ones():
+    """An env here loads gymnax's ``environment`` and ``spaces`` without gymnax's package
+    ``__init__`` (all of gymnax's envs, seaborn and scipy.stats: ~4 s a process); a later
+    ``import gymnax`` finds those same modules, so our envs are its ``Environment``s."""
+    code = ("import sys\n"
+            "import ragen_jax.envs.bandit, ragen_jax.envs.sokoban.env\n"
+            "assert 'gymnax' not in sys.modules and 'seaborn' not in sys.modules\n"
+            "from ragen_jax.envs.base import TextEnv\n"
+            "from ragen_jax.envs.gymnax_base import spaces as ours\n"
+            "import gymnax\n"
+            "from gymnax.environments import environment, spaces\n"
+            "assert issubclass(TextEnv, environment.Environment) and spaces is ours\n"
+            "env, params = gymnax.make('CartPole-v1')\n"
+            "assert isinstance(env, environment.Environment)\n"
+            "assert isinstance(ragen_jax.envs.bandit.Bandit().action_space(), spaces.Discrete)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert r.returncode == 0, r.stderr[-3000:]

@@ -12,9 +12,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from gymnax.environments import spaces
 
 from ragen_jax.envs.base import TextEnv
+from ragen_jax.envs.gymnax_base import spaces
 from ragen_jax.envs.sokoban.generator import SEARCH_EFFORT, generate_level
 from ragen_jax.envs.sokoban.types import (
     ACTION_NAMES,
