@@ -4,7 +4,8 @@ The tokenizer is Qwen2.5's real one: the 151,643-token byte-level BPE of the ``q
 package's ``qwen.tiktoken`` (converted by transformers' ``TikTokenConverter``; the file is
 not copied into the repository), Qwen2's split pattern, the 22 special tokens at ids
 151643-151664 and Qwen2.5-Instruct's chat template (its branches for tool calls left out).
-The model is a tiny random Qwen2 with Qwen2.5's 151,936-row vocabulary. Two layouts:
+The model is a tiny random Qwen2 (one layer of width 32 unless asked: the run, export and
+evaluation the tests make of it compile less) with Qwen2.5's 151,936-row vocabulary. Two layouts:
 
 * ``hub``: as the folders on the Hugging Face hub were written by transformers 4.x:
   ``tokenizer.json``, ``vocab.json``, ``merges.txt``, the chat template inside
@@ -106,7 +107,7 @@ def write_model(path: Path, config, *, seed: int = 0) -> Path:
     return path
 
 
-def write_folder(path: Path, layout: str, *, layers: int = 2, hidden: int = 64,
+def write_folder(path: Path, layout: str, *, layers: int = 1, hidden: int = 32,
                  seed: int = 0) -> Path:
     """Writes the stand-in folder in ``layout`` (``hub`` or ``t5``) to ``path``."""
     from ragen_jax.models import QwenConfig

@@ -12,8 +12,8 @@ def test_eval_writes_metrics_trajectories_and_viewer(tmp_path, capsys):
     out = tmp_path / "eval"
     summary = ev.main(["--config.rollout.val.env_groups=2", "--config.rollout.val.group_size=2",
                        "--config.rollout.max_turn=2", "--config.rollout.response_length=16",
-                       "--config.rollout.prompt.enable_think=True", "--config.model.hidden_size=64",
-                       "--config.model.num_hidden_layers=2", "--out", str(out)])
+                       "--config.rollout.prompt.enable_think=True", "--config.model.hidden_size=32",
+                       "--config.model.intermediate_size=64", "--config.model.num_hidden_layers=1", "--out", str(out)])
     printed = capsys.readouterr().out
     assert "Sokoban/success" in printed and "tiny random model" in printed
     assert printed.startswith("compute dtype: float32 (model.dtype=float32, on XLA:CPU)\n")
@@ -80,8 +80,8 @@ def test_eval_plays_the_runs_context_window(tmp_path, capsys):
     ev.main(["--config.rollout.val.env_groups=2", "--config.rollout.val.group_size=1",
              "--config.rollout.max_turn=3", "--config.rollout.response_length=8",
              "--config.rollout.window.mode=limited", "--config.rollout.window.turns=1",
-             "--config.algorithm.sample_unit=turn", "--config.model.hidden_size=64",
-             "--config.model.num_hidden_layers=2", "--out", str(out)])
+             "--config.algorithm.sample_unit=turn", "--config.model.hidden_size=32",
+             "--config.model.intermediate_size=64", "--config.model.num_hidden_layers=1", "--out", str(out)])
     capsys.readouterr()
     trajs = [json.loads(x) for x in (out / "trajectories.jsonl").read_text().splitlines()]
     turns = [t for traj in trajs for t in traj["turns"]]
@@ -98,8 +98,8 @@ def test_eval_of_a_mixed_config_plays_what_the_run_validates(tmp_path, capsys):
 
     args = ["--config", str(ROOT / "configs/mixed.py"), "--config.rollout.val.env_groups=3",
             "--config.rollout.max_turn=1", "--config.rollout.response_length=8",
-            "--config.model.hidden_size=64", "--config.model.num_hidden_layers=2",
-            f"--config.trainer.output_dir={tmp_path / 'run'}"]
+            "--config.model.hidden_size=32", "--config.model.intermediate_size=64",
+            "--config.model.num_hidden_layers=1", f"--config.trainer.output_dir={tmp_path / 'run'}"]
     summary = ev.main([*args, "--out", str(tmp_path / "eval")])
     printed = capsys.readouterr().out
     assert "SimpleSokoban + FrozenLake" in printed and "FrozenLake/success" in printed

@@ -11,8 +11,9 @@ identity alone let the preset's prior data show 68 of its 245). Two checks, both
   of its collections, with their policies, seeds and held-out set) never show a validation
   starting board, no step changes an episode's room, and the collections are the groups
   ``warmstart.data_seeds`` names;
-* reasoned (every size): every level the prior's collections and the first ``STEPS`` RL steps
-  reset (every seed, reset only) lies in a room no validation level has; the room never
+* reasoned (every size): every level the prior's collections (of ``EPISODES`` episodes each:
+  a prefix of the preset's seeds) and the first ``STEPS`` RL steps reset (every seed, reset
+  only) lies in a room no validation level has; the room never
   changes, so no episode from them, played by any policy, can show a validation starting
   board. At 8x8 the collections' seeds come from ``warmstart.data_seeds`` (what the
   played check ties them to) instead of playing them: the same proof at a third of the cost.
@@ -35,7 +36,11 @@ SETTINGS = {  # the tiny preset, and its env at the larger sizes the tests and s
     "6x6-1box": [],
     "8x8-2boxes": ["--config.env.params.dim_room=(8, 8)", "--config.env.params.num_boxes=2"],
 }
-STEPS = 100  # RL steps whose resets are checked
+STEPS = 25  # RL steps whose resets are checked
+# The preset's prior data, a quarter of it: a prefix of the same seeds, played by the same
+# policies (every held-out reset runs the generator: a reset of all 4,096 + 4,096 at 8x8 is
+# most of the test's time, and a quarter still meets validation rooms without holding out).
+EPISODES = 1024
 PLAYED = 256  # rows played of each prior collection: the validation reset's size (one compile)
 
 
@@ -66,7 +71,8 @@ def test_no_training_episode_shows_a_validation_starting_board(setting, tmp_path
         "--config", str(ROOT / "configs/sokoban.py"), f"--config.trainer.output_dir={tmp_path}",
         f"--config.trainer.total_steps={STEPS}", "--config.warmstart.cache=False",
         "--config.model.hidden_size=32", "--config.model.intermediate_size=64",
-        "--config.model.num_hidden_layers=1", *SETTINGS[setting]])
+        "--config.model.num_hidden_layers=1", f"--config.warmstart.episodes={EPISODES}",
+        f"--config.warmstart.turns.episodes={EPISODES}", *SETTINGS[setting]])
     collections: list[np.ndarray] = []  # each prior collection's group seeds, all of them
     shown: list[np.ndarray] = []  # every board a played prior episode showed at a turn
     collect, reset, step = AgentRollout.collect, JaxEnvDriver.reset, JaxEnvDriver.step

@@ -288,9 +288,10 @@ def test_other_families_train_and_export_as_themselves(model_type, tmp_path):
     from ragen_jax.train import run
 
     tok = tokenizers.builtin()
-    kw = dict(attention_bias=True, mlp_bias=True) if model_type == "llama" else dict(head_dim=32)
-    config = QwenConfig(vocab_size=tokenizers.TINY_VOCAB_SIZE, hidden_size=64,
-                        intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    # Qwen3's head_dim, twice hidden_size / heads: its heads are not the hidden width split.
+    kw = dict(attention_bias=True, mlp_bias=True) if model_type == "llama" else dict(head_dim=16)
+    config = QwenConfig(vocab_size=tokenizers.TINY_VOCAB_SIZE, hidden_size=32,
+                        intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
                         num_key_value_heads=2, tie_word_embeddings=True,
                         bos_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
                         model_type=model_type, **kw)

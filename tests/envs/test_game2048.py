@@ -247,10 +247,10 @@ def test_render_is_ragens_text():
 
 def test_valid_actions_agree_with_the_text_and_the_reference():
     rng = np.random.default_rng(0)
-    for _ in range(50):
-        board = rng.choice([0, 0, 2, 4, 8], size=(4, 4)).tolist()
-        expected = [ref_move(board, a)[2] for a in range(4)]
-        assert np.asarray(jax.jit(ENV.valid_actions)(jnp.array(board))).tolist() == expected
+    boards = rng.choice([0, 0, 2, 4, 8], size=(50, 4, 4))
+    got = np.asarray(jax.jit(jax.vmap(ENV.valid_actions))(jnp.asarray(boards))).tolist()
+    for board, valid in zip(boards.tolist(), got, strict=True):
+        assert valid == [ref_move(board, a)[2] for a in range(4)], board
 
 
 def test_spaces_make_and_levels():
