@@ -38,11 +38,6 @@ AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
 MOVES = ["Up", "Down", "Left", "Right", "Jump", "Up || Left"]
 
 
-# Compiled: one program a row layout, where op by op each call dispatches (and first
-# compiles) each of its many small ops.
-_step_advantages = jax.jit(step_advantages, static_argnums=0)
-
-
 def advantage_settings(estimator="grpo"):
     return AdvantageSettings(estimator=estimator, gamma=1.0, lam=1.0, norm_adv_by_std=True,
                              bi_level_gae=False, high_level_gamma=0.95, num_groups=GROUPS,
@@ -77,8 +72,8 @@ def test_turn_rows_carry_their_episodes_advantage(rollout, estimator):
     turns = rows_of(rollout, "turn")
     n = int(rollout.num_turns.sum())
     assert turns.input_ids.shape[0] == n > GROUPS * SIZE
-    adv, _ = _step_advantages(advantage_settings(estimator), turns)
-    traj, _ = _step_advantages(advantage_settings(estimator), rows_of(rollout, "trajectory"))
+    adv, _ = step_advantages(advantage_settings(estimator), turns)
+    traj, _ = step_advantages(advantage_settings(estimator), rows_of(rollout, "trajectory"))
     per_episode = np.asarray(traj).sum(1) / np.maximum(rollout.loss_mask.sum(1), 1)
     mask = np.asarray(turns.loss_mask) > 0
     for r, e in enumerate(np.asarray(turns.episode_index)):
@@ -119,8 +114,8 @@ def test_full_context_turn_rows_give_the_trajectory_gradient(rollout):
     model = Qwen2ForCausalLM(TINY, rngs=nnx.Rngs(0))
     s = advantage_settings("grpo")
     traj, turns = rows_of(rollout, "trajectory"), rows_of(rollout, "turn")
-    adv_traj, _ = _step_advantages(s, traj)
-    adv_turn, _ = _step_advantages(s, turns)
+    adv_traj, _ = step_advantages(s, traj)
+    adv_turn, _ = step_advantages(s, turns)
     assert float(jnp.abs(adv_traj).sum()) > 0
     g_traj, lp_traj = _pg_gradients(model, traj, adv_traj)
     g_turn, lp_turn = _pg_gradients(model, turns, adv_turn)
