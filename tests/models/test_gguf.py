@@ -497,8 +497,16 @@ def _smollm2_prompt(folder: Path) -> np.ndarray:
     return np.asarray([tok(text)["input_ids"]])
 
 
+@pytest.fixture(scope="module")
+def smollm2_folder_logits(smollm2):
+    """A chat prompt's ids and transformers' logits on the converted folder: what both the
+    GGUF loader's and ragen_jax's logits are held to."""
+    ids = _smollm2_prompt(smollm2)
+    return ids, _logits(transformers.AutoModelForCausalLM.from_pretrained(smollm2).eval(), ids)
+
+
 @needs_smollm2
-def test_smollm2_folder_matches_transformers_on_the_gguf(smollm2):
+def test_smollm2_folder_matches_transformers_on_the_gguf(smollm2, smollm2_folder_logits):
     tok = transformers.AutoTokenizer.from_pretrained(smollm2)
     assert tok.eos_token == "<|im_end|>" and tok.eos_token_id == 2
     assert json.loads((smollm2 / "generation_config.json").read_text())["eos_token_id"] == 2
@@ -506,25 +514,23 @@ def test_smollm2_folder_matches_transformers_on_the_gguf(smollm2):
                                    add_generation_prompt=True)
     assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
     assert text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
-    ids = _smollm2_prompt(smollm2)
-    ours = transformers.AutoModelForCausalLM.from_pretrained(smollm2).eval()
+    ids, ours = smollm2_folder_logits
     path = Path(SMOLLM2)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32).eval()
-    err = np.abs(_logits(ours, ids) - _logits(theirs, ids)).max()
+    err = np.abs(ours - _logits(theirs, ids)).max()
     assert err <= TOL, err
 
 
 @needs_smollm2
-def test_smollm2_ragen_jax_logits_match_transformers(smollm2):
+def test_smollm2_ragen_jax_logits_match_transformers(smollm2, smollm2_folder_logits):
     import jax.numpy as jnp
 
     from ragen_jax.models import from_pretrained
 
-    ids = _smollm2_prompt(smollm2)
+    ids, ref = smollm2_folder_logits
     ours = from_pretrained(smollm2)
     out, _ = ours(jnp.asarray(ids), jnp.arange(ids.shape[1])[None], jnp.ones(ids.shape, jnp.int32))
-    ref = _logits(transformers.AutoModelForCausalLM.from_pretrained(smollm2).eval(), ids)
     assert ours.config.model_type == "llama" and ours.lm_head is None  # tied, as the file
     # 30 float32 layers of real weights, logits up to ~40: within 1e-5 of their scale.
     err = np.abs(np.asarray(out) - ref).max()

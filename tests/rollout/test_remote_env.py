@@ -165,42 +165,51 @@ def test_a_slow_reply_costs_its_episode_only(tok, port):
         rollout.driver.close()
 
 
+@pytest.fixture(scope="module")
+def one_worker_server():
+    """One single-worker server for every fault: a fault costs only its session, so each
+    fault's test starts from a server that has survived the faults before it (a start of its
+    own would be a JAX import per fault)."""
+    port = _port()
+    server = _serve("slow", port, "--workers", "1", "--param", "step_timeout=1.0")
+    try:
+        yield server, f"http://127.0.0.1:{port}"
+    finally:
+        server.kill()
+        server.wait()
+
+
 @pytest.mark.parametrize("fault", ["sleep", "segv", "abort", "boom"])
-def test_a_served_env_that_hangs_or_crashes_costs_only_its_session(port, fault):
+def test_a_served_env_that_hangs_or_crashes_costs_only_its_session(one_worker_server, fault):
     """The server's instances live in its worker processes: a session whose step never
     returns (killed past step_timeout), segfaults, aborts or raises gets an env error; the
     server stays up, the other sessions on the same worker go on where they were (rebuilt by
     replay), and a new session plays a full episode."""
-    server = _serve("slow", port, "--workers", "1", "--param", "step_timeout=1.0")
-    url = f"http://127.0.0.1:{port}"
-    try:
-        others = [RemoteEnv(url, timeout=10.0) for _ in range(2)]
-        for seed, env in enumerate(others):
-            env.reset(seed)
-            assert env.step("go")[0] == f"seed {seed} move 1 go"
-        faulty = RemoteEnv(url, timeout=10.0)
-        faulty.reset(7)
-        t0 = time.perf_counter()
-        with pytest.raises(RemoteEnvError, match={
-                "sleep": "timed out: an env call took over 1 s", "boom": "ValueError: boom",
-                "segv": "died \\(killed by SIGSEGV\\)", "abort": "died \\(killed by SIGABRT\\)"}[fault]):
-            faulty.step(fault)
-        assert time.perf_counter() - t0 < 5
-        assert server.poll() is None
-        with pytest.raises(RemoteEnvError, match="no env instance"):  # its instance is gone
-            faulty.step("go")
-        for seed, env in enumerate(others):  # same worker, rebuilt by replay: move 2
-            assert env.step("go")[0] == f"seed {seed} move 2 go"
-        fresh = RemoteEnv(url, timeout=10.0)
-        assert fresh.reset(9) == "seed 9" and fresh.step("win")[1:3] == (1.0, True)
-        assert faulty.reset(8) == "seed 8"  # the failed session plays again after a reset
-        # The server's processes: the fork server, one worker, the resource tracker at most.
-        assert len(psutil.Process(server.pid).children(recursive=True)) <= 3
-        for env in (*others, faulty, fresh):
-            env.close()
-    finally:
-        server.kill()
-        server.wait()
+    server, url = one_worker_server
+    others = [RemoteEnv(url, timeout=10.0) for _ in range(2)]
+    for seed, env in enumerate(others):
+        env.reset(seed)
+        assert env.step("go")[0] == f"seed {seed} move 1 go"
+    faulty = RemoteEnv(url, timeout=10.0)
+    faulty.reset(7)
+    t0 = time.perf_counter()
+    with pytest.raises(RemoteEnvError, match={
+            "sleep": "timed out: an env call took over 1 s", "boom": "ValueError: boom",
+            "segv": "died \\(killed by SIGSEGV\\)", "abort": "died \\(killed by SIGABRT\\)"}[fault]):
+        faulty.step(fault)
+    assert time.perf_counter() - t0 < 5
+    assert server.poll() is None
+    with pytest.raises(RemoteEnvError, match="no env instance"):  # its instance is gone
+        faulty.step("go")
+    for seed, env in enumerate(others):  # same worker, rebuilt by replay: move 2
+        assert env.step("go")[0] == f"seed {seed} move 2 go"
+    fresh = RemoteEnv(url, timeout=10.0)
+    assert fresh.reset(9) == "seed 9" and fresh.step("win")[1:3] == (1.0, True)
+    assert faulty.reset(8) == "seed 8"  # the failed session plays again after a reset
+    # The server's processes: the fork server, one worker, the resource tracker at most.
+    assert len(psutil.Process(server.pid).children(recursive=True)) <= 3
+    for env in (*others, faulty, fresh):
+        env.close()
 
 
 def test_a_served_jax_env_follows_its_own_dynamics(port):

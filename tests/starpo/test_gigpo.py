@@ -26,6 +26,11 @@ from ragen_jax.starpo.estimators import AdvantageSettings
 from ragen_jax.starpo.rows import RowSettings, build_step_batch
 from ragen_jax.starpo.update import step_advantages
 
+# Compiled: one program a shape, where op by op every call dispatches (and first compiles)
+# each of its hundreds of small ops.
+_gigpo = jax.jit(A.gigpo, static_argnames=("num_groups", "norm_by_std"))
+_grpo = jax.jit(A.grpo, static_argnames=("num_groups", "norm_by_std"))
+
 
 def lanes(ids) -> np.ndarray:
     """Anchor ids ``[E, T]`` (small ints) as hash lanes ``[E, T, 2]``."""
@@ -62,7 +67,7 @@ HAND = dict(
 ])
 def test_gigpo_by_hand(norm_by_std, want):
     h = HAND
-    got = A.gigpo(jnp.asarray(h["scores"]), jnp.asarray(h["group_ids"]), 2,
+    got = _gigpo(jnp.asarray(h["scores"]), jnp.asarray(h["group_ids"]), 2,
                   jnp.asarray(h["rewards"]), jnp.asarray(h["anchors"]), jnp.asarray(h["played"]),
                   gamma=0.5, norm_by_std=norm_by_std)
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
@@ -71,21 +76,19 @@ def test_gigpo_by_hand(norm_by_std, want):
 def test_step_weight_scales_only_the_step_part():
     h = {k: jnp.asarray(v) for k, v in HAND.items()}
     args = (h["scores"], h["group_ids"], 2, h["rewards"], h["anchors"], h["played"])
-    full, none = A.gigpo(*args, gamma=0.5, norm_by_std=False), A.gigpo(
+    full, none = _gigpo(*args, gamma=0.5, norm_by_std=False), _gigpo(
         *args, gamma=0.5, step_weight=0.0, norm_by_std=False)
-    half = A.gigpo(*args, gamma=0.5, step_weight=0.5, norm_by_std=False)
+    half = _gigpo(*args, gamma=0.5, step_weight=0.5, norm_by_std=False)
     np.testing.assert_allclose(np.asarray(half), (np.asarray(full) + np.asarray(none)) / 2,
                                atol=1e-6)
     # Without the step part: Dr.GRPO's episode advantage on every played turn.
-    episode = A.grpo(h["scores"], h["group_ids"], 2, norm_by_std=False)
+    episode = _grpo(h["scores"], h["group_ids"], 2, norm_by_std=False)
     np.testing.assert_allclose(np.asarray(none),
                                np.asarray(episode)[:, None] * HAND["played"] * (HAND["group_ids"] >= 0)[:, None],
                                atol=1e-6)
 
 
 EPISODES, TURNS_MAX, GROUPS_MAX = 12, 5, 4
-_gigpo = jax.jit(A.gigpo, static_argnames=("num_groups", "norm_by_std"))
-_grpo = jax.jit(A.grpo, static_argnames=("num_groups", "norm_by_std"))
 
 
 @settings(max_examples=40, deadline=None)
@@ -167,7 +170,7 @@ def test_parity_with_verl_agent(case):
     groups = np.array(case["groups"], np.int32)
     table = turn_table(eps, groups, 4, case["similarity"])
     scores = np.array([sum(r for r, _ in steps) for steps in case["steps"]], np.float32)
-    got = A.gigpo(jnp.asarray(scores), jnp.asarray(groups), int(groups.max()) + 1,
+    got = _gigpo(jnp.asarray(scores), jnp.asarray(groups), int(groups.max()) + 1,
                   jnp.asarray(table.rewards), jnp.asarray(table.anchors),
                   jnp.asarray(table.played), gamma=case["gamma"], step_weight=case["weight"],
                   norm_by_std=case["norm_by_std"])
@@ -235,7 +238,7 @@ def _rows(batch, table, unit, keep=None, valid=None):
 
 def _expected(batch, table, valid=None):
     groups = batch.group_ids if valid is None else np.where(valid.reshape(-1), batch.group_ids, -1)
-    return np.asarray(A.gigpo(jnp.asarray(batch.scores), jnp.asarray(groups, np.int32), GROUPS,
+    return np.asarray(_gigpo(jnp.asarray(batch.scores), jnp.asarray(groups, np.int32), GROUPS,
                               jnp.asarray(table.rewards), jnp.asarray(table.anchors),
                               jnp.asarray(table.played), gamma=0.95))
 

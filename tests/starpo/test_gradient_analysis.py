@@ -21,7 +21,7 @@ from ragen_jax.starpo.token_scores import token_logprobs
 
 
 def _model_and_batch(rows: int = 6, length: int = 12):
-    cfg = QwenConfig.tiny(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    cfg = QwenConfig.tiny(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                           num_attention_heads=4, num_key_value_heads=2, head_dim=8)
     model = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))
     rng = np.random.default_rng(0)
@@ -36,12 +36,13 @@ def _model_and_batch(rows: int = 6, length: int = 12):
     return model, TrainBatch(ids, attn, pos, mask, old, adv, ref)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4, 5))
-def _direct_norm(graphdef, params, rest, batch, component, cfg):
-    """The gradient norm of one component's loss on ``batch``, written out in full (compiled:
-    op by op it takes several times as long)."""
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _direct_norms(graphdef, params, rest, batch, cfg):
+    """Each component's gradient norm on ``batch``, its loss written out in full and
+    differentiated alone (compiled, the three in one program: op by op it takes several
+    times as long)."""
 
-    def loss(p):
+    def loss(p, component):
         model = nnx.merge(graphdef, p, rest)
         logp, entropy = token_logprobs(model, batch.input_ids, batch.attention_mask, batch.positions)
         term = {"pg": lambda: losses.policy_loss(logp, batch.old_logp, batch.advantages, batch.loss_mask,
@@ -50,7 +51,7 @@ def _direct_norm(graphdef, params, rest, batch, component, cfg):
                 "kl": lambda: cfg.kl_coef * losses.kl_penalty(logp, batch.ref_logp, cfg.kl_estimator)}[component]()
         return losses.ratio_of(losses.aggregate(term, batch.loss_mask, cfg.loss_agg_mode))
 
-    return optax.global_norm(jax.grad(loss)(params))
+    return {c: optax.global_norm(jax.grad(loss)(params, c)) for c in ("pg", "entropy", "kl")}
 
 
 def _rows(batch: TrainBatch, rows) -> TrainBatch:
@@ -69,13 +70,14 @@ def test_component_and_bucket_norms_equal_direct_gradients(mode):
         params, rest, batch, bucket_ids)
     assert set(norms) == {"pg", "entropy", "kl"} | {f"bucket{k}/{c}" for k in range(3)
                                                     for c in ("pg", "entropy", "kl", "rows")}
+    whole = _direct_norms(graphdef, params, rest, batch, cfg)
+    buckets = {k: _direct_norms(graphdef, params, rest, _rows(batch, rows), cfg)
+               for k, rows in ((0, [0, 2, 5]), (2, [1, 3, 4]))}
     for c in ("pg", "entropy", "kl"):
-        whole = float(_direct_norm(graphdef, params, rest, batch, c, cfg))
-        assert whole > 0
-        assert float(norms[c]) == pytest.approx(whole, rel=1e-4), c
-        for k, rows in ((0, [0, 2, 5]), (2, [1, 3, 4])):
-            expected = float(_direct_norm(graphdef, params, rest, _rows(batch, rows), c, cfg))
-            assert float(norms[f"bucket{k}/{c}"]) == pytest.approx(expected, rel=1e-4), (k, c)
+        assert float(whole[c]) > 0
+        assert float(norms[c]) == pytest.approx(float(whole[c]), rel=1e-4), c
+        for k, expected in buckets.items():
+            assert float(norms[f"bucket{k}/{c}"]) == pytest.approx(float(expected[c]), rel=1e-4), (k, c)
         assert float(norms[f"bucket1/{c}"]) == 0.0
         for k in ("", "bucket0/", "bucket2/"):  # micro-batched accumulation is exact
             assert float(split[k + c]) == pytest.approx(float(norms[k + c]), rel=1e-4)

@@ -69,7 +69,8 @@ def test_micro_batch_accumulation_equals_full_batch(mode):
 def test_long_rows_apart_equals_every_row_at_full_width(mode):
     """Rows sorted by length, the longest quarter at the full width and the rest cut to
     ``short_width``: the same step as all rows at the full width. Cutting real tokens (a
-    width too narrow) changes it, so the comparison can fail."""
+    width too narrow) changes it, so the comparison can fail (shown once: a cut changes the
+    step whichever the aggregation)."""
     model, batch = make_case(seed=3, batch=8, length=16)
     lengths = np.array([5, 16, 7, 8, 3, 13, 6, 8])  # two long rows: one micro-batch of 4 holds them
     attn = jnp.asarray(np.arange(16)[None] < lengths[:, None])
@@ -83,6 +84,8 @@ def test_long_rows_apart_equals_every_row_at_full_width(mode):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
     for k in m_full:
         assert float(m_apart[k]) == pytest.approx(float(m_full[k]), rel=1e-5, abs=1e-6), k
+    if mode != "token-mean":
+        return
     (p_cut, _, _), _, _ = run_step(model, batch.replace(short_width=4), sgd, **kw)
     assert max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(
         jax.tree.leaves(p_full), jax.tree.leaves(p_cut), strict=True)) > 1e-4

@@ -139,7 +139,8 @@ def test_turn_row_update_with_shared_prefixes(rollout):
     """The whole update runs on turn rows (episodes beside the rows, GAE with its critic: the
     actor's and the critic's passes), and sharing each group's prompt prefix changes nothing.
     (GRPO on turn rows is the same actor pass with other advantages: those are checked by
-    test_turn_rows_carry_their_episodes_advantage, and GRPO's update with shared prefixes by
+    test_turn_rows_carry_their_episodes_advantage, and the update's actor pass with shared
+    prefixes on trajectory rows by
     test_shared_prefix.py::test_update_with_shared_prefixes_equals_the_update_without.)"""
     estimator = "gae"
     actor = update_settings(lr=1e-3, micro_batches=2)
