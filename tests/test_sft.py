@@ -22,10 +22,12 @@ def tok():
     return tokenizers.builtin()
 
 
-# One FrozenLake and one Sokoban (each with one rollout config and one episode count) for the
-# file's warm-start collections: their env and rollout programs compile once.
+# One FrozenLake, one Sokoban and one Bandit (each with one rollout config and one episode
+# count) for the file's warm-start collections: their env and rollout programs compile once.
 EPISODES = 16
 LAKE_CFG = RolloutConfig(max_turn=3, response_length=24, prompt=PromptConfig(enable_think=False))
+BANDIT_CFG = RolloutConfig(max_turn=1, max_actions_per_traj=1, response_length=16, max_actions_per_turn=1,
+                           prompt=PromptConfig(enable_think=False))
 SOKOBAN_CFG = RolloutConfig(max_turn=3, response_length=16, max_actions_per_turn=2,
                             prompt=PromptConfig(enable_think=False))
 
@@ -121,11 +123,11 @@ def test_warmstart_answers_are_random_valid_actions_in_the_rollout_format(tok, t
 def test_warmstart_answers_every_prompt_with_every_action_first(tok):
     """No preference is taught: the episodes of one initial state open with each action once."""
     env, params = make("bandit")
-    cfg = RolloutConfig(max_turn=1, max_actions_per_traj=1, response_length=16, max_actions_per_turn=1, prompt=PromptConfig(enable_think=False))
-    data = warmstart_data(env, params, tok, cfg, episodes=32, seed=0)
+    cfg = BANDIT_CFG
+    data = warmstart_data(env, params, tok, cfg, episodes=EPISODES, seed=0)
     ids, mask = data["input_ids"], data["loss_mask"]
-    assert ids.shape[0] == 32
-    for g in range(16):  # rows 2g and 2g+1 share the prompt and answer with different arms
+    assert ids.shape[0] == EPISODES
+    for g in range(EPISODES // 2):  # rows 2g and 2g+1 share the prompt and answer with different arms
         a, b = (tok.decode(ids[r][mask[r]].tolist()) for r in (2 * g, 2 * g + 1))
         prompt = [ids[r][: int(np.argmax(mask[r]))].tolist() for r in (2 * g, 2 * g + 1)]
         assert prompt[0] == prompt[1] and a != b, (a, b)
@@ -195,8 +197,8 @@ def test_system_turn_rows_are_first_prompts_and_share_their_start_exactly(tok, l
 
 def test_train_sft_lowers_the_loss_and_updates_the_model(tok):
     env, params = make("bandit")
-    cfg = RolloutConfig(max_turn=1, max_actions_per_traj=1, response_length=16, max_actions_per_turn=1, prompt=PromptConfig(enable_think=False))
-    data = warmstart_data(env, params, tok, cfg, episodes=16, seed=0)
+    cfg = BANDIT_CFG
+    data = warmstart_data(env, params, tok, cfg, episodes=EPISODES, seed=0)
     model = _micro_model()
     before = nnx.state(model, nnx.Param)
     before = {k: np.asarray(v) for k, v in nnx.to_flat_state(before)}
