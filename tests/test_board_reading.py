@@ -16,7 +16,7 @@ from ragen_jax.envs.frozenlake import DELTAS
 from ragen_jax.envs.registry import make
 from ragen_jax.envs.solvers import solve
 from ragen_jax.models import tokenizer as tokenizers
-from ragen_jax.rollout.env_driver import JaxEnvDriver
+from ragen_jax.rollout.env_driver import JaxEnvDriver, env_functions, row_state
 
 NAMES = ("Left", "Down", "Right", "Up")
 PARAMS = {"size": 4, "p": 0.8, "is_slippery": False}
@@ -44,8 +44,12 @@ def test_first_move_accuracy_counts_the_optimal_first_answers(tmp_path):
         {"env": {"name": "frozenlake", "params": PARAMS}, "warmstart": {"solver_share": 0.3},
          "rollout": {"enable_think": False, "max_actions_per_turn": 2}}))
     lines, expected, levels = [], 0, 0
-    for seed in range(40):
-        state = env.reset_env(jax.random.key(seed), params)[1]
+    seeds = np.arange(40, dtype=np.uint32)
+    # the batched reset the function itself runs on the file's seeds: one program for both
+    reset, _ = env_functions(env)
+    states = jax.device_get(reset(jax.vmap(jax.random.key)(seeds), params)[1])
+    for seed in seeds.tolist():
+        state = row_state(states, seed)
         if not frozenlake_solver.solve(np.asarray(state.holes), np.asarray(state.player),
                                        np.asarray(state.goal)):
             continue  # unsolvable or already done: the script skips it too

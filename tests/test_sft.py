@@ -22,6 +22,48 @@ def tok():
     return tokenizers.builtin()
 
 
+# One FrozenLake, one Sokoban and one Bandit (each with one rollout config and one episode
+# count) for the file's warm-start collections: their env and rollout programs compile once.
+EPISODES = 16
+LAKE_CFG = RolloutConfig(max_turn=3, response_length=24, prompt=PromptConfig(enable_think=False))
+BANDIT_CFG = RolloutConfig(max_turn=1, max_actions_per_traj=1, response_length=16, max_actions_per_turn=1,
+                           prompt=PromptConfig(enable_think=False))
+SOKOBAN_CFG = RolloutConfig(max_turn=3, response_length=16, max_actions_per_turn=2,
+                            prompt=PromptConfig(enable_think=False))
+
+
+def _lake():
+    """Non-slippery (every action does what it names) and with coordinates as its state."""
+    return make("frozenlake", success_rate=1.0, observation_format="coord")
+
+
+def _sokoban():
+    return make("sokoban", dim_room=(6, 6), num_boxes=1, max_steps=100)
+
+
+@pytest.fixture(scope="module")
+def lake_rows(tok):
+    """Solver-mixture episodes with their turn rows, without and with the system message."""
+    env, params = _lake()
+    out = {}
+    for system in (False, True):
+        rows: dict = {}
+        data = warmstart_data(env, params, tok, LAKE_CFG, episodes=EPISODES, seed=0, solver_share=0.5,
+                              observation_rows=rows, system_rows=system)
+        out[system] = (data, rows)
+    return out
+
+
+@pytest.fixture(scope="module")
+def lake_legal(tok):
+    """Legal-only FrozenLake episodes and their metrics."""
+    env, params = _lake()
+    stats: dict = {}
+    data = warmstart_data(env, params, tok, LAKE_CFG, episodes=EPISODES, seed=0, legal_only=True,
+                          metrics=stats)
+    return data, stats
+
+
 def _write(path, convs):
     path.write_text("\n".join(json.dumps({"messages": m}) for m in convs) + "\n")
 
@@ -58,10 +100,10 @@ def test_bad_conversation_files_name_the_line(tok, tmp_path):
 
 @pytest.mark.parametrize("think", [False, True])
 def test_warmstart_answers_are_random_valid_actions_in_the_rollout_format(tok, think):
-    env, params = make("frozenlake")
-    cfg = RolloutConfig(max_turn=3, response_length=24, prompt=PromptConfig(enable_think=think))
+    env, params = _lake()
+    cfg = LAKE_CFG.replace(dict(prompt={"enable_think": think}))
     ctx = cfg.context
-    data = warmstart_data(env, params, tok, cfg, episodes=16, seed=0)
+    data = warmstart_data(env, params, tok, cfg, episodes=EPISODES, seed=0)
     answers = set()
     for ids, mask in zip(data["input_ids"], data["loss_mask"], strict=True):
         # each maximal run of trained tokens is one answer, ending with the end-of-turn token
@@ -81,19 +123,19 @@ def test_warmstart_answers_are_random_valid_actions_in_the_rollout_format(tok, t
 def test_warmstart_answers_every_prompt_with_every_action_first(tok):
     """No preference is taught: the episodes of one initial state open with each action once."""
     env, params = make("bandit")
-    cfg = RolloutConfig(max_turn=1, max_actions_per_traj=1, response_length=16, max_actions_per_turn=1, prompt=PromptConfig(enable_think=False))
-    data = warmstart_data(env, params, tok, cfg, episodes=32, seed=0)
+    cfg = BANDIT_CFG
+    data = warmstart_data(env, params, tok, cfg, episodes=EPISODES, seed=0)
     ids, mask = data["input_ids"], data["loss_mask"]
-    assert ids.shape[0] == 32
-    for g in range(16):  # rows 2g and 2g+1 share the prompt and answer with different arms
+    assert ids.shape[0] == EPISODES
+    for g in range(EPISODES // 2):  # rows 2g and 2g+1 share the prompt and answer with different arms
         a, b = (tok.decode(ids[r][mask[r]].tolist()) for r in (2 * g, 2 * g + 1))
         prompt = [ids[r][: int(np.argmax(mask[r]))].tolist() for r in (2 * g, 2 * g + 1)]
         assert prompt[0] == prompt[1] and a != b, (a, b)
 
 
 def _micro_model() -> Qwen2ForCausalLM:
-    """A 2-layer model small enough for exactness checks of the SFT step."""
-    return Qwen2ForCausalLM(QwenConfig.tiny(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    """A 1-layer model small enough for exactness checks of the SFT step, the file's only shape."""
+    return Qwen2ForCausalLM(QwenConfig.tiny(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                             num_attention_heads=4, num_key_value_heads=2, head_dim=8),
                             rngs=nnx.Rngs(0))
 
@@ -102,14 +144,10 @@ def _contains(seq: list[int], sub: list[int]) -> bool:
     return any(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
 
 
-def test_turn_observation_rows_are_each_turn_as_its_transcript_shows_it(tok):
+def test_turn_observation_rows_are_each_turn_as_its_transcript_shows_it(tok, lake_rows):
     """One row per answered turn: the turn's user block (as the transcript tokenises it, with
     no system message or history before it) and then the very answer ids of that turn."""
-    env, params = make("frozenlake", success_rate=1.0, observation_format="coord")
-    cfg = RolloutConfig(max_turn=3, response_length=24, prompt=PromptConfig(enable_think=False))
-    rows: dict = {}
-    data = warmstart_data(env, params, tok, cfg, episodes=8, seed=0, solver_share=0.5,
-                          observation_rows=rows)
+    data, rows = lake_rows[False]
     answers = []  # every answer of every transcript, in order
     for ids, mask in zip(data["input_ids"], data["loss_mask"], strict=True):
         edges = np.nonzero(np.diff(np.r_[0, mask.astype(int), 0]))[0]
@@ -130,16 +168,12 @@ def test_turn_observation_rows_are_each_turn_as_its_transcript_shows_it(tok):
         assert any(_contains(t.tolist(), body) for t in transcript), text
 
 
-def test_system_turn_rows_are_first_prompts_and_share_their_start_exactly(tok):
+def test_system_turn_rows_are_first_prompts_and_share_their_start_exactly(tok, lake_rows):
     """``system=True`` rows start with the system message: a turn-1 row is token for token its
     transcript's first prompt and answer, a later turn's row that same start with the turn's
     own user block. ``shared_prefix_batches`` groups them so that ``train_sft`` runs the
     system message once per step, with the losses of every row running its own copy."""
-    env, params = make("frozenlake", observation_format="coord")
-    cfg = RolloutConfig(max_turn=3, response_length=24, prompt=PromptConfig(enable_think=False))
-    rows: dict = {}
-    data = warmstart_data(env, params, tok, cfg, episodes=16, seed=0, solver_share=0.5,
-                          observation_rows=rows, system_rows=True)
+    data, rows = lake_rows[True]
     firsts = []  # each transcript up to the end of its first answer
     for ids, mask in zip(data["input_ids"], data["loss_mask"], strict=True):
         start = int(np.argmax(mask))
@@ -163,11 +197,9 @@ def test_system_turn_rows_are_first_prompts_and_share_their_start_exactly(tok):
 
 def test_train_sft_lowers_the_loss_and_updates_the_model(tok):
     env, params = make("bandit")
-    cfg = RolloutConfig(max_turn=1, max_actions_per_traj=1, response_length=16, max_actions_per_turn=1, prompt=PromptConfig(enable_think=False))
-    data = warmstart_data(env, params, tok, cfg, episodes=16, seed=0)
-    model = Qwen2ForCausalLM(QwenConfig.tiny(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                             num_attention_heads=4, num_key_value_heads=2, head_dim=16),
-                             rngs=nnx.Rngs(0))
+    cfg = BANDIT_CFG
+    data = warmstart_data(env, params, tok, cfg, episodes=EPISODES, seed=0)
+    model = _micro_model()
     before = nnx.state(model, nnx.Param)
     before = {k: np.asarray(v) for k, v in nnx.to_flat_state(before)}
     losses = train_sft(model, data, steps=30, batch_size=8, lr=3e-3, seed=0)
@@ -176,25 +208,24 @@ def test_train_sft_lowers_the_loss_and_updates_the_model(tok):
     assert any(not np.array_equal(before[k], after[k]) for k in before)
 
 
-@pytest.mark.parametrize("name", ["sokoban", "frozenlake"])
-def test_legal_only_warmstart_never_wastes_a_move(tok, name):
-    env, params = make(name, **({"success_rate": 1.0} if name == "frozenlake" else {}))
-    cfg = RolloutConfig(max_turn=3, response_length=24, prompt=PromptConfig(enable_think=False))
-    random_stats, legal_stats = {}, {}
-    warmstart_data(env, params, tok, cfg, episodes=32, seed=0, metrics=random_stats)
-    data = warmstart_data(env, params, tok, cfg, episodes=32, seed=0, legal_only=True,
-                          metrics=legal_stats)
-    assert legal_stats["action_is_effective"] == 1.0  # every executed action moved something
-    assert random_stats["action_is_effective"] < 0.95  # random answers bump into walls
-    assert legal_stats["format_error_rate"] == 0.0 and data["input_ids"].shape[0] == 32
+def test_legal_only_warmstart_never_wastes_a_move(tok, lake_legal):
+    for name, (env, params), cfg in (("sokoban", _sokoban(), SOKOBAN_CFG), ("frozenlake", _lake(), LAKE_CFG)):
+        random_stats, legal_stats = {}, {}
+        warmstart_data(env, params, tok, cfg, episodes=EPISODES, seed=0, metrics=random_stats)
+        if name == "frozenlake":
+            data, legal_stats = lake_legal
+        else:
+            data = warmstart_data(env, params, tok, cfg, episodes=EPISODES, seed=0, legal_only=True,
+                                  metrics=legal_stats)
+        assert legal_stats["action_is_effective"] == 1.0, name  # every executed action moved something
+        assert random_stats["action_is_effective"] < 0.95, name  # random answers bump into walls
+        assert legal_stats["format_error_rate"] == 0.0 and data["input_ids"].shape[0] == EPISODES, name
 
 
-def test_train_sft_with_shared_group_prompts_equals_whole_rows(tok):
+def test_train_sft_with_shared_group_prompts_equals_whole_rows(lake_legal):
     """Each warm-start group's common prompt runs once per step; the losses and the trained
     weights equal those of every row running its own copy."""
-    env, params = make("frozenlake", observation_format="coord")
-    cfg = RolloutConfig(max_turn=2, max_actions_per_traj=4, response_length=16, prompt=PromptConfig(enable_think=False))
-    data = warmstart_data(env, params, tok, cfg, episodes=16, seed=0, legal_only=True)
+    data, _ = lake_legal
     runs = []
     for share in (False, True):
         model = _micro_model()
@@ -205,24 +236,24 @@ def test_train_sft_with_shared_group_prompts_equals_whole_rows(tok):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-@pytest.mark.parametrize("window", [dict(window={"mode": "limited", "turns": 1}),
-                                    dict(window={"mode": "single_turn"}),
-                                    dict(use_turn_scores=True),
-                                    dict(env_groups=3, group_size=5),
-                                    dict(val={"env_groups": 7, "group_size": 2, "temperature": 0.9})])
-def test_warmstart_data_does_not_depend_on_rl_windows_batches_or_validation(tok, window):
+def test_warmstart_data_does_not_depend_on_rl_windows_batches_or_validation(tok):
     """The scripted episodes and their rows are the same whatever window RL's prompts use,
     where scores sit, how RL's batches are grouped and how it validates: what lets the
-    warm-start cache key leave those fields at their defaults."""
-    env, params = make("sokoban", dim_room=(6, 6), num_boxes=1, max_steps=100)
-    base = RolloutConfig(max_turn=3, response_length=16, max_actions_per_turn=2,
-                         prompt=PromptConfig(enable_think=False))
-    made = []
-    for cfg in (base, base.replace(window)):
+    warm-start cache key leave those fields at their defaults. Each setting is compared with
+    one collection at the defaults."""
+    env, params = _sokoban()
+
+    def collect(cfg):
         rows: dict = {}
-        data = warmstart_data(env, params, tok, cfg, episodes=16, seed=0, solver_share=0.3,
+        data = warmstart_data(env, params, tok, cfg, episodes=EPISODES, seed=0, solver_share=0.3,
                               observation_rows=rows, system_rows=True)
-        made.append(data | {f"rows/{k}": v for k, v in rows.items()})
-    assert made[0].keys() == made[1].keys()
-    for key in made[0]:
-        np.testing.assert_array_equal(made[0][key], made[1][key], err_msg=key)
+        return data | {f"rows/{k}": v for k, v in rows.items()}
+
+    base = collect(SOKOBAN_CFG)
+    for setting in (dict(window={"mode": "limited", "turns": 1}), dict(window={"mode": "single_turn"}),
+                    dict(use_turn_scores=True), dict(env_groups=3, group_size=5),
+                    dict(val={"env_groups": 7, "group_size": 2, "temperature": 0.9})):
+        made = collect(SOKOBAN_CFG.replace(setting))
+        assert made.keys() == base.keys(), setting
+        for key in base:
+            np.testing.assert_array_equal(made[key], base[key], err_msg=f"{setting}: {key}")

@@ -15,8 +15,13 @@ from ragen_jax.viewer import render_html
 ANSWER = "x</think><answer>Up</answer>"
 
 
+def _cfg(**kw) -> RolloutConfig:
+    """Two rows of one level in every test: the rollout's programs compile for one batch size."""
+    return RolloutConfig(env_groups=1, group_size=2, **kw)
+
+
 def _play(tok, cfg):
-    env, params = make("sokoban")
+    env, params = make("frozenlake")  # its programs compile in a fraction of Sokoban's
     policy = ScriptedPolicy.from_texts(tok, lambda row, call: ANSWER)
     batch = AgentRollout(env, params, tok, cfg).collect(policy, [3], jax.random.key(0))
     return batch, policy
@@ -31,17 +36,17 @@ def test_length_hint_follows_response_length_unless_set():
 
 
 def test_prompt_states_the_response_length(tok):
-    cfg = RolloutConfig(env_groups=1, group_size=1, max_turn=1, response_length=37)
+    cfg = _cfg(max_turn=1, response_length=37)
     _, policy = _play(tok, cfg)
     assert "Max response length: 37 words (tokens)." in tok.decode(policy.calls[0][0])
-    custom = RolloutConfig(env_groups=1, group_size=1, max_turn=1, response_length=37, prompt=PromptConfig(max_tokens_hint=120, turn_template='T{turn} {state} at most {max_tokens}\n'))
+    custom = _cfg(max_turn=1, response_length=37, prompt=PromptConfig(max_tokens_hint=120, turn_template='T{turn} {state} at most {max_tokens}\n'))
     _, policy = _play(tok, custom)
     text = tok.decode(policy.calls[0][0])
     assert "at most 120\n" in text and "37" not in text
 
 
 def test_turn_records_hold_the_inserted_prompt(tok):
-    cfg = RolloutConfig(env_groups=1, group_size=2, max_turn=2, response_length=16)
+    cfg = _cfg(max_turn=2, response_length=16)
     batch, policy = _play(tok, cfg)
     for b, traj in enumerate(batch.trajectories):
         assert len(traj["turns"]) == 2
@@ -55,9 +60,9 @@ def test_turn_records_hold_the_inserted_prompt(tok):
 
 
 def test_viewer_shows_each_turns_prompt_escaped(tok):
-    cfg = RolloutConfig(env_groups=1, group_size=1, max_turn=2, response_length=16)
+    cfg = _cfg(max_turn=2, response_length=16)
     batch, _ = _play(tok, cfg)
-    page = render_html(batch.trajectories, {"model": "m", "env": "sokoban", "metrics": {}})
+    page = render_html(batch.trajectories, {"model": "m", "env": "frozenlake", "metrics": {}})
     for turn in batch.trajectories[0]["turns"]:
         assert f"<details><summary>prompt</summary><pre>{html.escape(turn['prompt'])}</pre>" in page
     assert "You&#x27;re a helpful assistant." in page and "&lt;|im_start|&gt;system" in page
