@@ -33,8 +33,8 @@ from ragen_jax.sharding import AXES
 
 def initialize(d: Any) -> None:
     """``jax.distributed.initialize`` from ``config.distributed`` (no-op for one process, or
-    when already initialized). Must run before anything starts JAX's backend: importing
-    ``ragen_jax.train`` does (gymnax builds arrays at import), so ``launch.py`` calls this first.
+    when already initialized). Must run before anything starts JAX's backend (the first array
+    or device query), so ``launch.py`` calls this before it imports the trainer.
     ``d`` is a checked ``DistributedConfig`` (its counts and ``process_id`` are checked there)."""
     if jax.distributed.is_initialized() or not d.enabled:
         return

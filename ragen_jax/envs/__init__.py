@@ -3,10 +3,9 @@ the 2x2 Rubik's cube) and host environments (Python, free-text actions: Countdow
 MetaMathQA, DeepCoder, Search, GEM's and TextWorld's games, any Gymnasium env, an env served
 over HTTP).
 
-The names below load on first use: the JAX envs import gymnax, which starts JAX's backend at
-import, and a host env's worker process (``envs.host.processes``) imports only the host env it
-builds (``ragen_jax.envs.countdown`` needs no JAX), so it starts light and never forks JAX's
-threads.
+The names below load on first use: a host env's worker process (``envs.host.processes``)
+imports only the host env it builds (``ragen_jax.envs.countdown`` needs no JAX), so it starts
+light and never forks JAX's threads.
 """
 
 from __future__ import annotations

@@ -156,8 +156,8 @@ def make_driver(env: Any, env_params: Any, max_actions_per_turn: int,
     """The driver of ``env``: ``HostEnvDriver`` for a host env (``envs.host.family.HostEnvFamily``),
     else ``JaxEnvDriver`` (its turn step ``max_actions_per_turn`` slots wide: one compile;
     ``anchors``: it hashes each new state too, ``StepOutcome.anchors``)."""
-    # Imported here: ragen_jax.envs starts JAX's backend at import, and importing
-    # ragen_jax.rollout must not (launch.py reads the config before jax.distributed).
+    # Imported here: importing ragen_jax.rollout must not start JAX's backend (launch.py
+    # reads the config before jax.distributed), whatever an env module does at import.
     from ragen_jax.envs.host.family import HostEnvFamily
 
     if isinstance(env, HostEnvFamily):
@@ -330,7 +330,7 @@ class AgentRollout:
         ep.turns.append({"turn": turn, "state": state_text, "prompt": chunk})
         if self.record_anchors:
             if anchor is None:
-                from ragen_jax.envs.levels import text_level_id  # here: it starts JAX's backend
+                from ragen_jax.envs.levels import text_level_id  # here: no env module at import
 
                 anchor = int(text_level_id(state_text))
             ep.turns[-1]["anchor"] = anchor

@@ -141,7 +141,7 @@ _ANCHOR_HASHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def anchor_hashes(env: Any) -> Callable:
     """``hashes(states[N]) -> [N, 2] uint32``: each row's ``levels.anchor_hash``, batched and
     jitted (cached per env); the rollout records one per turn (GiGPO's anchor states)."""
-    from ragen_jax.envs import levels  # here: importing ragen_jax.envs starts JAX's backend
+    from ragen_jax.envs import levels  # here: no env module at import
 
     if env not in _ANCHOR_HASHES:
         _ANCHOR_HASHES[env] = jax.jit(jax.vmap(lambda state: levels.anchor_hash(env, state)))
@@ -159,7 +159,7 @@ def held_out_reset(env: Any) -> Callable:
     times (``stuck``: still held out after them). Draw 0 is the plain reset, so levels that are
     not held out are exactly ``env_functions``' levels; with no held-out id the loop never
     runs. The level lanes (``levels.level_hash``) are hashed once, of the level drawn."""
-    from ragen_jax.envs import levels  # here: importing ragen_jax.envs starts JAX's backend
+    from ragen_jax.envs import levels  # here: no env module at import
 
     if env in _HELD_OUT_RESETS:
         return _HELD_OUT_RESETS[env]

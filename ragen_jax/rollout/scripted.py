@@ -246,8 +246,8 @@ class SolverMixturePolicy(RandomActionPolicy):
         self.solver_share = float(solver_share)
 
     def _solver_move(self, state: Any) -> int | None:
-        # Imported here: ragen_jax.envs starts JAX's backend at import, and importing
-        # ragen_jax.rollout must not (launch.py reads the config before jax.distributed).
+        # Imported here: importing ragen_jax.rollout must not start JAX's backend (launch.py
+        # reads the config before jax.distributed), whatever an env module does at import.
         from ragen_jax.envs.solvers import solve
 
         if self.rng.random() >= self.solver_share:
