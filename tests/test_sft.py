@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
@@ -32,11 +33,15 @@ SOKOBAN_CFG = RolloutConfig(max_turn=3, response_length=16, max_actions_per_turn
                             prompt=PromptConfig(enable_think=False))
 
 
+# One env object each: the rollout's jitted env functions are cached per env object, so a
+# second object would trace them again.
+@functools.cache
 def _lake():
     """Non-slippery (every action does what it names) and with coordinates as its state."""
     return make("frozenlake", success_rate=1.0, observation_format="coord")
 
 
+@functools.cache
 def _sokoban():
     return make("sokoban", dim_room=(6, 6), num_boxes=1, max_steps=100)
 

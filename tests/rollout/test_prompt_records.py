@@ -20,10 +20,14 @@ def _cfg(**kw) -> RolloutConfig:
     return RolloutConfig(env_groups=1, group_size=2, **kw)
 
 
+# One env object for every test: the rollout's jitted env functions are cached per env object.
+# FrozenLake: its programs compile in a fraction of Sokoban's.
+ENV, PARAMS = make("frozenlake")
+
+
 def _play(tok, cfg):
-    env, params = make("frozenlake")  # its programs compile in a fraction of Sokoban's
     policy = ScriptedPolicy.from_texts(tok, lambda row, call: ANSWER)
-    batch = AgentRollout(env, params, tok, cfg).collect(policy, [3], jax.random.key(0))
+    batch = AgentRollout(ENV, PARAMS, tok, cfg).collect(policy, [3], jax.random.key(0))
     return batch, policy
 
 
