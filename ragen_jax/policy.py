@@ -136,8 +136,14 @@ def build_state(settings: StepSettings, actor: Qwen2ForCausalLM, model: ModelCon
         critic = Qwen2ForValue.from_actor(actor, seed=seed + 1)
         critic_graph, critic_vars, critic_rest = nnx.split(critic, nnx.Param, ...)
         networks = Networks(graphdef, actor_rest, critic_graph, critic_rest)
-    state = jax.jit(functools.partial(init_state, settings))(actor_vars, critic_vars)
+    state = _jitted_init_state(settings)(actor_vars, critic_vars)
     return networks, state
+
+
+@functools.lru_cache(maxsize=16)
+def _jitted_init_state(settings: StepSettings) -> Any:
+    """``init_state`` for ``settings``, jitted once per process (one program, not op by op)."""
+    return jax.jit(functools.partial(init_state, settings))
 
 
 def load_policy(run_dir: str | Path, step: int | None = None, overrides: Any = None

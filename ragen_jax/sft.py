@@ -10,6 +10,7 @@ RL uses (the warm start's, ``ragen_jax.warmstart``, included).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from collections.abc import Callable
@@ -125,15 +126,8 @@ def train_sft(model: Any, data: dict[str, np.ndarray], *, steps: int, batch_size
     ``progress(done, loss)`` is called after every step (a run's progress bar); without it,
     ``log`` gets a line at each fifth of the steps."""
     graphdef, params, rest = nnx.split(model, trainable, ...)
-    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(lr, weight_decay=0.0))
-    opt_state = _on_params_mesh(jax.jit(optimizer.init)(params), params)  # one program
-
-    @jax.jit
-    def step(params, opt_state, batch, prefixes):
-        loss, grads = jax.value_and_grad(
-            lambda p: sft_loss(nnx.merge(graphdef, p, rest), batch, prefixes))(params)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+    init, step = _sft_step(graphdef, float(lr))
+    opt_state = _on_params_mesh(init(params), params)
 
     rng = np.random.default_rng(seed)
     groups = data.get("group_ids")
@@ -158,7 +152,7 @@ def train_sft(model: Any, data: dict[str, np.ndarray], *, steps: int, batch_size
         if table is not None:
             batch["prefix_index"] = jnp.asarray(np.repeat(np.arange(picked.size, dtype=np.int32), size))
             prefixes = Prefixes(jnp.asarray(table[0][picked]), jnp.asarray(table[1][picked]))
-        params, opt_state, loss = step(params, opt_state, batch, prefixes)
+        params, opt_state, loss = step(params, rest, opt_state, batch, prefixes)
         losses.append(float(loss))
         if progress is not None:
             progress(i + 1, losses[-1])
@@ -166,3 +160,22 @@ def train_sft(model: Any, data: dict[str, np.ndarray], *, steps: int, batch_size
             log(f"sft step {i + 1}/{steps}: loss {losses[-1]:.4f}")
     nnx.update(model, params)
     return losses
+
+
+@functools.lru_cache(maxsize=8)
+def _sft_step(graphdef: Any, lr: float) -> tuple[Callable, Callable]:
+    """``(init(params) -> opt_state, step(params, rest, opt_state, batch, prefixes) ->
+    (params, opt_state, loss))``, jitted, one pair per graph definition and learning rate:
+    every stage and every run of a process that trains one architecture at one rate (the warm
+    start's stages, a resumed run) traces and compiles them once. The untrained variables
+    ``rest`` are an argument, not constants of the program."""
+    optimizer = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(lr, weight_decay=0.0))
+
+    @jax.jit
+    def step(params, rest, opt_state, batch, prefixes):
+        loss, grads = jax.value_and_grad(
+            lambda p: sft_loss(nnx.merge(graphdef, p, rest), batch, prefixes))(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return jax.jit(optimizer.init), step

@@ -36,7 +36,10 @@ if "RAGEN_JAX_TESTS_JIT_CACHE" not in os.environ:
     os.environ["RAGEN_JAX_TESTS_JIT_CACHE"] = _OWN_JIT_CACHE
 _JIT_CACHE_SETTINGS = {
     "jax_compilation_cache_dir": os.environ["RAGEN_JAX_TESTS_JIT_CACHE"],
-    "jax_persistent_cache_min_compile_time_secs": 0.1,
+    # Every program, however quick to compile: most of a session's thousands of compiles are
+    # small programs that each worker and each started process compiles again, and reading
+    # one back costs less than compiling it.
+    "jax_persistent_cache_min_compile_time_secs": 0.0,
     # A size limit turns on the cache's file lock: no process reads an entry another is writing.
     "jax_compilation_cache_max_size": 4 << 30,
 }

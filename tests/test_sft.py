@@ -138,11 +138,11 @@ def test_warmstart_answers_every_prompt_with_every_action_first(tok):
         assert prompt[0] == prompt[1] and a != b, (a, b)
 
 
-def _micro_model() -> Qwen2ForCausalLM:
+def _micro_model(seed: int = 0) -> Qwen2ForCausalLM:
     """A 1-layer model small enough for exactness checks of the SFT step, the file's only shape."""
     return Qwen2ForCausalLM(QwenConfig.tiny(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                             num_attention_heads=4, num_key_value_heads=2, head_dim=8),
-                            rngs=nnx.Rngs(0))
+                            rngs=nnx.Rngs(seed))
 
 
 def _contains(seq: list[int], sub: list[int]) -> bool:
@@ -239,6 +239,32 @@ def test_train_sft_with_shared_group_prompts_equals_whole_rows(lake_legal):
     np.testing.assert_allclose(runs[0][0], runs[1][0], rtol=1e-5)
     for a, b in zip(runs[0][1], runs[1][1], strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_sft_of_one_architecture_shares_its_step_and_reads_its_own_frozen_weights(lake_legal):
+    """LoRA models of one shape and other base weights (the untrained variables): the second
+    ``train_sft`` reuses the first's jitted step (nothing compiled again) and trains on its
+    own base weights (arguments of the step, not constants in it): the losses of a step
+    compiled for it alone."""
+    from ragen_jax.compilation import CompileWatch
+    from ragen_jax.models.lora import add_lora
+    from ragen_jax.sft import _sft_step
+
+    def lora_model(seed):
+        model = _micro_model(seed)
+        add_lora(model, rank=2)
+        return model
+
+    data, _ = lake_legal
+    kw = dict(steps=2, batch_size=8, lr=1e-3, seed=0, trainable=nnx.LoRAParam)
+    first = train_sft(lora_model(0), data, **kw)
+    watch = CompileWatch()
+    shared = train_sft(lora_model(1), data, **kw)
+    assert watch.take()["compile/count"] == 0
+    _sft_step.cache_clear()
+    alone = train_sft(lora_model(1), data, **kw)
+    assert watch.take()["compile/count"] > 0  # its own step (the check above can fail)
+    assert shared == alone and shared != first
 
 
 def test_warmstart_data_does_not_depend_on_rl_windows_batches_or_validation(tok):

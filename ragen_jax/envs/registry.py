@@ -2,7 +2,9 @@
 
 A JAX env (a ``TextEnv`` class): keyword arguments are split by name: a field of the env's
 params dataclass (dynamic values such as ``max_steps`` or reward sizes, traced under jit) goes
-to the params, anything else (shapes, rendering choices) to the env's constructor.
+to the params, anything else (shapes, rendering choices) to the env's constructor. Equal
+constructor settings give the same env object in a process (it holds no state: treat it as
+read-only), so its jitted functions are traced and compiled once per process.
 
 A host env (a ``HostEnv`` class, or any callable ``(**params) -> HostEnv`` given to
 ``register``): ``make`` returns ``(HostEnvFamily, None)``; ``parallel_friendly``,
@@ -78,11 +80,41 @@ def make(name: str, **params: Any) -> tuple[TextEnv | HostEnvFamily, Any]:
         allowed = ", ".join(sorted(ctor_names | param_names))
         raise ValueError(f"env {name!r}: unknown parameter(s) {sorted(unknown)}; allowed: {allowed}")
     _check_ints(name, cls, params)
-    env = cls(**{k: v for k, v in params.items() if k in ctor_names})
+    env = _shared_env(cls, {k: v for k, v in params.items() if k in ctor_names})
     env_params = env.default_params.replace(
         **{k: v for k, v in params.items() if k in param_names and k not in ctor_names}
     )
     return env, env_params
+
+
+_SHARED_ENVS: dict[tuple, TextEnv] = {}
+_MAX_SHARED_ENVS = 32
+
+
+def _shared_env(cls: type[TextEnv], kwargs: dict[str, Any]) -> TextEnv:
+    """One ``cls(**kwargs)`` per class and settings in a process. A JAX env holds no state
+    (its states and params are arguments of its pure functions), and the rollout's jitted env
+    functions are cached per env object (``rollout.env_driver``): two runs, or a run and its
+    evaluation, in one process then trace and compile an env's programs once. Settings that
+    cannot be hashed build an env of their own."""
+    key = (cls, tuple(sorted((k, _frozen(v)) for k, v in kwargs.items())))
+    try:
+        hash(key)
+    except TypeError:
+        return cls(**kwargs)
+    if key not in _SHARED_ENVS:
+        if len(_SHARED_ENVS) >= _MAX_SHARED_ENVS:  # the oldest goes (with its compiled programs)
+            del _SHARED_ENVS[next(iter(_SHARED_ENVS))]
+        _SHARED_ENVS[key] = cls(**kwargs)
+    return _SHARED_ENVS[key]
+
+
+def _frozen(value: Any) -> Any:
+    """A key for ``value`` that tells types apart (``True``, ``1`` and ``1.0`` hash alike) and
+    takes a list as its tuple (a config's ``dim_room=[6, 6]`` is ``(6, 6)``)."""
+    if isinstance(value, list | tuple):
+        return tuple, tuple(_frozen(v) for v in value)
+    return type(value), value
 
 
 def _check_ints(name: str, cls: type, params: dict[str, Any]) -> None:

@@ -34,6 +34,7 @@ turns (each episode once) and every token gets its episode's turn's advantage.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -163,18 +164,35 @@ def init_state(settings: StepSettings, actor: Any, critic: Any = None) -> TrainS
 
 def make_update(settings: StepSettings, networks: Networks, mesh: Mesh | None = None) -> Callable:
     """The jitted ``update(state, batch, *, train_actor=True, analyse_gradients=False)``
-    (see the module docstring); ``state`` is donated (its arrays are invalid afterwards). ``train_actor=False`` trains only the critic (its warmup);
-    ``analyse_gradients`` adds ``grad_analysis/*`` norms (``starpo.gradient_analysis``).
-    The untrained variables (``networks.*_rest``) are arguments of the compiled function,
-    not constants baked into it."""
-    s = settings
+    (see the module docstring); ``state`` is donated (its arrays are invalid afterwards).
+    ``train_actor=False`` trains only the critic (its warmup); ``analyse_gradients`` adds
+    ``grad_analysis/*`` norms (``starpo.gradient_analysis``). The untrained variables
+    (``networks.*_rest``) are arguments of the compiled function, not constants baked into
+    it, so the program depends only on the settings, the graph definitions and the mesh: two
+    runs in one process that agree on them (a resumed run, an evaluation after training)
+    share one jitted function, traced and compiled once."""
+    jitted = _jitted_update(settings, networks.actor, networks.critic, mesh)
+
+    def call(state: TrainState, batch: StepBatch, *, train_actor: bool = True,
+             analyse_gradients: bool = False) -> tuple[TrainState, dict[str, jax.Array]]:
+        return jitted(state, batch, networks.actor_rest, networks.critic_rest,
+                      train_actor=train_actor, analyse_gradients=analyse_gradients)
+
+    return call
+
+
+@functools.lru_cache(maxsize=16)
+def _jitted_update(s: StepSettings, actor_graph: Any, critic_graph: Any, mesh: Mesh | None
+                   ) -> Callable:
+    """``make_update``'s jitted function of ``(state, batch, actor_rest, critic_rest)``, one
+    per settings, graph definitions (hashable, equal for equal architectures) and mesh."""
     chunk = max(1, s.mini_batch_size // s.actor.micro_batches)  # rows per forward pass
-    actor_step = make_optimizer_step(networks.actor, s.actor, make_optimizer(s.actor), mesh=mesh)
+    actor_step = make_optimizer_step(actor_graph, s.actor, make_optimizer(s.actor), mesh=mesh)
     critic_step = None if s.critic is None else make_optimizer_step(
-        networks.critic, s.critic, make_optimizer(s.critic), critic_objective, mesh)
+        critic_graph, s.critic, make_optimizer(s.critic), critic_objective, mesh)
 
     def logprobs(trained, rest, batch: StepBatch) -> jax.Array:
-        model = nnx.merge(networks.actor, trained, rest)
+        model = nnx.merge(actor_graph, trained, rest)
         shared = shared_prefix_arrays(model, batch.prefixes)
 
         def one(rows):
@@ -202,7 +220,7 @@ def make_update(settings: StepSettings, networks: Networks, mesh: Mesh | None = 
             metrics["rollout/ref_kl"] = masked_mean(old_logp - ref_logp, mask)
         values = None
         if critic_step is not None:
-            values = _critic_values(networks.critic, state.critic, critic_rest, batch, chunk)
+            values = _critic_values(critic_graph, state.critic, critic_rest, batch, chunk)
         adv, returns = step_advantages(s.advantages, batch, values)
         # A scale on the loss mask would cancel in token-mean aggregation; on the advantages
         # it is what RAGEN's filter_loss_scaling does.
@@ -215,7 +233,7 @@ def make_update(settings: StepSettings, networks: Networks, mesh: Mesh | None = 
         rows = TrainBatch(batch.input_ids, batch.attention_mask, batch.positions,
                           batch.loss_mask, old_logp, adv, ref_logp, batch.prefix_index)
         if analyse_gradients:
-            metrics |= _gradient_norms(s, networks.actor, state.actor, actor_rest, rows,
+            metrics |= _gradient_norms(s, actor_graph, state.actor, actor_rest, rows,
                                        batch.bucket_ids, chunk, batch.prefixes)
         if train_actor:
             lr = learning_rate(s.actor, state.step)
@@ -229,15 +247,8 @@ def make_update(settings: StepSettings, networks: Networks, mesh: Mesh | None = 
 
     # The state is donated: the new parameters and optimizer state reuse its buffers, so an
     # update holds one copy of them, not two. Callers must not read the old state afterwards.
-    jitted = jax.jit(update, static_argnames=("train_actor", "analyse_gradients"),
-                     donate_argnames=("state",))
-
-    def call(state: TrainState, batch: StepBatch, *, train_actor: bool = True,
-             analyse_gradients: bool = False) -> tuple[TrainState, dict[str, jax.Array]]:
-        return jitted(state, batch, networks.actor_rest, networks.critic_rest,
-                      train_actor=train_actor, analyse_gradients=analyse_gradients)
-
-    return call
+    return jax.jit(update, static_argnames=("train_actor", "analyse_gradients"),
+                   donate_argnames=("state",))
 
 
 def step_advantages(settings: AdvantageSettings, batch: StepBatch, values: jax.Array | None = None

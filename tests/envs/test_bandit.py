@@ -197,6 +197,26 @@ def test_make_builds_bandit():
     assert env.variant == "phoenix_dragon" and params.hi_arm_prob == 0.5
 
 
+def test_make_shares_one_env_object_per_class_and_settings():
+    """An env holds no state, so ``make`` gives equal constructor settings one object (its
+    jitted rollout functions then compile once per process); settings that differ, in value
+    or only in type, get their own; env params (traced values) never matter."""
+    pytest.importorskip("ragen_jax.envs.sokoban")
+    from ragen_jax.envs.registry import _frozen, make
+    from ragen_jax.envs.sokoban.env import Sokoban
+
+    env, params = make("bandit", split="test", hi_arm_prob=0.5)
+    again, other_params = make("bandit", split="test", hi_arm_prob=0.25)
+    assert again is env and other_params.hi_arm_prob == 0.25 and params.hi_arm_prob == 0.5
+    assert make("bandit", split="train")[0] is not env
+    room = make("sokoban", dim_room=[6, 6], num_boxes=1)[0]
+    assert isinstance(room, Sokoban) and room.dim_room == (6, 6)
+    assert make("sokoban", dim_room=(6, 6), num_boxes=1)[0] is room  # a config's list, a tuple
+    assert make("sokoban", dim_room=(6, 7), num_boxes=1)[0] is not room
+    assert make("frozenlake", size=5)[0] is make("frozenlake", size=5, is_slippery=False)[0]
+    assert _frozen(True) != _frozen(1) != _frozen(1.0) and _frozen([6, 6]) == _frozen((6, 6))
+
+
 # ---- properties ----------------------------------------------------------------------------
 
 jit_reset_then_step = jax.jit(reset_then_step)

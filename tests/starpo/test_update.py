@@ -57,8 +57,8 @@ def settings(estimator="grpo", critic=False, reference=None, mini=B, recompute=F
                         gradient_buckets=3)
 
 
-def build(s: StepSettings, lora: bool = False):
-    model = Qwen2ForCausalLM(QwenConfig.tiny(**CFG), rngs=nnx.Rngs(0))
+def build(s: StepSettings, lora: bool = False, seed: int = 0):
+    model = Qwen2ForCausalLM(QwenConfig.tiny(**CFG), rngs=nnx.Rngs(seed))
     if lora:
         add_lora(model, rank=2)
     graphdef, trained, rest = nnx.split(model, nnx.LoRAParam if lora else nnx.Param, ...)
@@ -98,6 +98,33 @@ def test_grpo_update_equals_its_pieces_and_is_pure():
 
 def copy(state):
     return jax.tree.map(jnp.copy, state)
+
+
+def test_updates_of_one_architecture_share_one_program_and_read_their_own_frozen_weights():
+    """Two LoRA actors of one architecture and other base weights (the untrained variables):
+    the second ``make_update`` reuses the first's jitted program (nothing traced or compiled
+    again), and its update reads its own base weights (arguments of the program, not
+    constants in it): the same result as an update built for it alone."""
+    from ragen_jax.compilation import CompileWatch
+    from ragen_jax.starpo.update import _jitted_update
+
+    s = settings(recompute=True)
+    model_a, networks_a, state_a = build(s, lora=True, seed=0)
+    model_b, networks_b, state_b = build(s, lora=True, seed=1)
+    batch = make_batch(model_b)
+    make_update(s, networks_a)(copy(state_a), batch)
+    watch = CompileWatch()
+    shared, _ = make_update(s, networks_b)(copy(state_b), batch)
+    assert watch.take()["compile/count"] == 0
+    alone, _ = _jitted_update.__wrapped__(s, networks_b.actor, None, None)(
+        copy(state_b), batch, networks_b.actor_rest, None, train_actor=True,
+        analyse_gradients=False)
+    assert watch.take()["compile/count"] > 0  # a program of its own (the check can fail)
+    for a, b in zip(jax.tree.leaves(shared), jax.tree.leaves(alone), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    other, _ = make_update(s, networks_a)(copy(state_b), batch)  # A's base weights, B's adapters
+    assert not all(np.array_equal(a, b) for a, b in zip(
+        jax.tree.leaves(other.actor), jax.tree.leaves(shared.actor), strict=True))
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum"])
