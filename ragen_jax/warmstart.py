@@ -76,7 +76,7 @@ def warmstart_data(env: Any, env_params: Any, tokenizer: Any, config: RolloutCon
     ignores ``legal_only``: its random moves are always legal): each action is the env's
     optimal move with that probability, which is meant to teach the task a little, as an
     instruct checkpoint knows it a little. ``metrics``, when given, receives the generated
-    episodes' rollout metrics (without the env tag: ``action_is_effective``, ``success``, ...);
+    episodes' rollout metrics (without the env tag: ``effective_action_rate``, ``success``, ...);
     ``observation_rows``, when given, receives the same episodes' ``turn_observation_rows``
     (each starting with the system message when ``system_rows``). ``group_size`` > 0 sets the
     episodes per level instead (1: every episode on a level of its own, for data whose policy
@@ -429,11 +429,11 @@ class WarmStart:
 
 def _data_metrics(slots: list[EnvSlot], parts: list[dict[str, np.ndarray]],
                   stats: list[dict[str, float]]) -> dict[str, float]:
-    """The scripted data's ``action_is_effective`` and success: with several envs, each
-    one's, and the mean over all their episodes."""
+    """The scripted data's ``effective_action_rate`` (effective / executed actions) and
+    success: with several envs, each one's, and the mean over all their episodes."""
     rows = np.array([p["input_ids"].shape[0] for p in parts], np.float64)
     out = {}
-    for name, key in (("action_is_effective", "action_is_effective"), ("data_success", "success")):
+    for name, key in (("effective_action_rate", "effective_action_rate"), ("data_success", "success")):
         values = np.array([st[key] for st in stats])
         out[f"warmstart/{name}"] = float(values[0] if len(slots) == 1 else values @ rows / rows.sum())
         if len(slots) > 1:

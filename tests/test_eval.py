@@ -20,7 +20,8 @@ def test_eval_writes_metrics_trajectories_and_viewer(tmp_path, capsys):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["episodes"] == 4 and metrics["config"]["rollout"]["val"]["temperature"] == 0.5
     for key in ("success", "num_actions", "action_is_effective", "action_is_valid",
-                "format_error_rate", "pass@2", "response_length", "episodic_return"):
+                "turns_without_format_error", "effective_action_rate", "format_error_rate",
+                "pass@2", "response_length", "episodic_return"):
         assert f"Sokoban/{key}" in metrics["metrics"], key
     assert metrics["metrics"] == summary["metrics"]
     lines = (out / "trajectories.jsonl").read_text().splitlines()

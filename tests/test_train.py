@@ -867,7 +867,7 @@ def test_game2048_and_cube_presets_train_two_steps(tag, presets_run):
         assert np.isfinite(metrics[1][key]), key
     assert 1.0 <= metrics[1][f"train/{tag}/num_turns"] <= _DATA_TURNS
     assert f"val-env/{tag}/success" in metrics[2]
-    assert f"warmstart/{tag}/action_is_effective" in metrics[0]  # the mix's prior, per env
+    assert f"warmstart/{tag}/effective_action_rate" in metrics[0]  # the mix's prior, per env
 
 
 @pytest.mark.parametrize("tag,max_turns", [

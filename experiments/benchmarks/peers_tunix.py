@@ -192,7 +192,7 @@ def sokoban_task_env(env, params, cfg):
             ids = np.zeros((1, cfg.max_actions_per_turn), np.int32)
             n = len(parsed.action_ids)
             ids[0, :n] = parsed.action_ids
-            self.state, reward, n_exec, _, term, _, success = step_fn(
+            self.state, reward, n_exec, _, _, term, _, success = step_fn(
                 self.state, params, jnp.asarray(ids), jnp.asarray([n], jnp.int32),
                 jax.random.key(self.seed)[None])
             self.actions += int(n_exec[0])

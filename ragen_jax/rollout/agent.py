@@ -416,6 +416,7 @@ class AgentRollout:
                 reward=float(outcome.reward[i]),
                 penalty=cfg.context.format_penalty if p.format_error else 0.0,
                 format_error=p.reason, num_effective=int(outcome.effective[i]),
+                last_effective=bool(outcome.last_effective[i]),
                 num_tokens=len(ep.pieces[-1].ids))
             if i in outcome.errors:  # a host env failed: the episode ends, the run goes on
                 ep.truncated, ep.env_error = True, outcome.errors[i]
@@ -432,7 +433,8 @@ class AgentRollout:
         final = [self.env.render_text(row_state(host, b)) for b in range(len(eps))]
         batch = assemble_batch(eps, seeds=seeds, group_ids=group_ids, group_size=group_size,
                                final_states=final, tag=self.tag, pad_id=self.chat.pad_id,
-                               pad_multiple=cfg.sampler.prompt_pad_multiple, use_turn_scores=cfg.use_turn_scores)
+                               pad_multiple=cfg.sampler.prompt_pad_multiple, use_turn_scores=cfg.use_turn_scores,
+                               penalties=not cfg.use_turn_scores or cfg.turn_scores_penalty)
         n_len = batch.metrics["rollout/length_truncated"]
         if n_len:
             log.warning("%d of %d episodes ended at max_model_len=%d", n_len, len(eps),

@@ -8,7 +8,8 @@ text and an end-of-turn token *inserted* after a budget-truncated answer are 0).
 ``logprobs[b, j]`` / ``model_logprobs[b, j]`` belong to the token at ``j`` (predicted by the
 logits at ``j - 1``, which is always a real slot). ``token_rewards`` holds the trajectory score
 (env rewards + penalties) on the last sampled token, or with ``use_turn_scores`` each turn's
-score on that turn's last sampled token.
+score on that turn's last sampled token (its penalty left out of the turn's and the
+episode's score with ``rollout.turn_scores_penalty=False``, RAGEN's way).
 
 The sampler's cache keeps padding slots between turns; the batch is compacted (padding
 removed), which changes nothing in the math (masked slots get exactly zero attention weight
@@ -26,7 +27,7 @@ filters and records read it).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -194,15 +195,17 @@ def position_ids(attention_mask: np.ndarray) -> np.ndarray:
 
 def assemble_batch(eps: Sequence[Episode], *, seeds: np.ndarray, group_ids: np.ndarray,
                    group_size: int, final_states: Sequence[str], tag: str, pad_id: int,
-                   pad_multiple: int, use_turn_scores: bool) -> RolloutBatch:
+                   pad_multiple: int, use_turn_scores: bool, penalties: bool = True) -> RolloutBatch:
     """The batch of ``eps`` (row ``b`` of group ``group_ids[b]``, whose seed is
     ``seeds[group_ids[b]]``); ``final_states`` are the rendered last env states (the
-    trajectory records show them). ``timing`` is left empty for the caller."""
+    trajectory records show them); ``penalties=False`` leaves the turns' format penalties out
+    of the scores (RAGEN's ``use_turn_scores``). ``timing`` is left empty for the caller."""
     n = len(eps)
     longest = max((ep.length for ep in eps), default=0)
     width = max(pad_multiple, -(-longest // pad_multiple) * pad_multiple)
     tokens, turn_ends = _token_arrays(eps, width, pad_id)
-    rewards, scores, returns, unplaced = _token_rewards(eps, turn_ends, width, use_turn_scores)
+    rewards, scores, returns, unplaced = _token_rewards(eps, turn_ends, width, use_turn_scores,
+                                                        penalties)
     attn = tokens["attention_mask"]
     batch = RolloutBatch(
         **tokens, position_ids=position_ids(attn),
@@ -257,9 +260,10 @@ def _token_arrays(eps: Sequence[Episode], width: int,
 
 
 def _token_rewards(eps: Sequence[Episode], turn_ends: list[dict[int, int]], width: int,
-                   use_turn_scores: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+                   use_turn_scores: bool,
+                   penalties: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """``(token_rewards [B, width], scores [B], episodic returns [B], unplaced)``: a turn's
-    score is its env reward plus its penalty; ``unplaced`` counts scores with no sampled
+    score is its env reward plus (with ``penalties``) its penalty; ``unplaced`` counts scores with no sampled
     token to sit on (a turn, or with the trajectory score a whole episode, that sampled
     nothing)."""
     n = len(eps)
@@ -268,7 +272,8 @@ def _token_rewards(eps: Sequence[Episode], turn_ends: list[dict[int, int]], widt
     returns = np.zeros(n, np.float32)
     unplaced = 0
     for b, ep in enumerate(eps):
-        turn_scores = [t.get("reward", 0.0) + t.get("penalty", 0.0) for t in ep.turns]
+        turn_scores = [t.get("reward", 0.0) + (t.get("penalty", 0.0) if penalties else 0.0)
+                       for t in ep.turns]
         returns[b] = sum(t.get("reward", 0.0) for t in ep.turns)
         scores[b] = sum(turn_scores)
         last_sampled = max(turn_ends[b].values(), default=-1)
@@ -297,7 +302,8 @@ def _trajectory_record(b: int, ep: Episode, batch: RolloutBatch, final_state: st
     first user message on turn 1, later the previous reward and the next user message),
     ``stopped`` (the answer ended with a stop id, not at the token budget), ``response``,
     ``think``, ``answer``, ``actions``, ``executed``, ``reward``, ``penalty``,
-    ``format_error`` (the reason, "" if none), ``num_effective`` and ``num_tokens``, and on
+    ``format_error`` (the reason, "" if none), ``num_effective``, ``last_effective`` (the
+    turn's last executed action was effective; False when none ran) and ``num_tokens``, and on
     the turn a host env failed ``env_error`` (also the record's top-level ``env_error``).
     """
     return {
@@ -313,19 +319,39 @@ def _trajectory_record(b: int, ep: Episode, batch: RolloutBatch, final_state: st
 
 def rollout_metrics(eps: Sequence[Episode], batch: RolloutBatch, *, tag: str,
                     group_size: int) -> dict[str, float]:
-    """RAGEN-named per-tag metrics (``{tag}/...``) plus ``rollout/...`` counters.
+    """Per-tag metrics (``{tag}/...``) plus ``rollout/...`` counters; every per-episode
+    value is averaged over the episodes (an episode with no turn counts 0).
 
-    ``action_is_valid``: per episode the fraction of turns without a format error;
-    ``action_is_effective``: per episode effective / executed actions (0 if none); both
-    then averaged over episodes. ``format_error_rate``: over all turns of the batch.
+    RAGEN's names, with RAGEN's definitions (its ``es_manager``: a turn records the ``info``
+    of its last executed action, none when no action ran, and each info key is summed over
+    the turns and divided by the turns played):
+
+    * ``action_is_valid``: the share of turns that executed at least one action (RAGEN's grid,
+      Bandit and Countdown envs set ``info["action_is_valid"]=True`` on every step);
+    * ``action_is_effective``: the share of turns whose last executed action changed the
+      state.
+
+    Ours, finer:
+
+    * ``turns_without_format_error``: the share of turns whose answer had no format error (a
+      turn with one valid and one unknown action executed, but had an error);
+    * ``effective_action_rate``: effective / executed actions (0 if none ran), every action
+      counted rather than each turn's last;
+    * ``format_error_rate``: over all turns of the batch, pooled.
+
     ``pass@{group_size}``: the fraction of groups with at least one success.
     ``env_error_rate``: the episodes an env error ended (they count as unsuccessful in
     ``success``); ``success_of_played``: the success rate of the others, the policy's own.
     """
     turns = [t for ep in eps for t in ep.turns]
     errors = [bool(t.get("format_error")) for t in turns]
-    valid = [np.mean([not t.get("format_error") for t in ep.turns]) if ep.turns else 0.0
-             for ep in eps]
+
+    def per_turn(ep: Episode, value: Callable[[dict[str, Any]], bool]) -> float:
+        return sum(bool(value(t)) for t in ep.turns) / len(ep.turns) if ep.turns else 0.0
+
+    ragen_valid = [per_turn(ep, lambda t: t["executed"]) for ep in eps]
+    ragen_effective = [per_turn(ep, lambda t: t.get("last_effective", False)) for ep in eps]
+    well_formed = [per_turn(ep, lambda t: not t.get("format_error")) for ep in eps]
     effective = [ep.num_effective / ep.num_actions if ep.num_actions else 0.0 for ep in eps]
     success = batch.success
     groups = success.reshape(-1, group_size) if success.size else success.reshape(0, 1)
@@ -338,8 +364,10 @@ def rollout_metrics(eps: Sequence[Episode], batch: RolloutBatch, *, tag: str,
         f"{tag}/success_of_played": f(success[~failed]),
         f"{tag}/num_actions": f(batch.num_actions),
         f"{tag}/num_turns": f(batch.num_turns),
-        f"{tag}/action_is_effective": f(effective),
-        f"{tag}/action_is_valid": f(valid),
+        f"{tag}/action_is_valid": f(ragen_valid),
+        f"{tag}/action_is_effective": f(ragen_effective),
+        f"{tag}/turns_without_format_error": f(well_formed),
+        f"{tag}/effective_action_rate": f(effective),
         f"{tag}/format_error_rate": f(errors),
         f"{tag}/pass@{group_size}": f(groups.any(axis=1)),
         f"{tag}/response_length": f(resp),

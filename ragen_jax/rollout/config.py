@@ -137,6 +137,7 @@ class RolloutConfig:
     response_length: int = 400  # max new tokens per turn (RAGEN: 400)
     max_model_len: int = 3600  # max tokens of a trajectory (RAGEN: 3600)
     use_turn_scores: bool = False  # each turn's score on its last token (bi-level GAE)
+    turn_scores_penalty: bool = True  # with use_turn_scores: a turn's format penalty is part of its score (and so of the episode's); False: dropped from both, as RAGEN drops it under use_turn_scores (a format error then costs nothing)
     train_seed: int = 10000  # first training group seed (RAGEN: 10000)
     sampling: SamplingConfig = SamplingConfig()
     prompt: PromptConfig = PromptConfig()

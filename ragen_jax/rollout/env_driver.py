@@ -37,6 +37,7 @@ class StepOutcome(NamedTuple):
     reward: np.ndarray  # env rewards of the executed actions, summed
     executed: np.ndarray  # actions executed
     effective: np.ndarray  # of which changed the state
+    last_effective: np.ndarray  # bool: the last executed action changed the state (False: none executed); RAGEN's per-turn action_is_effective
     terminated: np.ndarray
     truncated: np.ndarray
     success: np.ndarray
@@ -97,8 +98,9 @@ def env_functions(env: Any) -> tuple[Callable, Callable]:
     ``reset(keys[N], params) -> (obs, states)``.
     ``step_turn(states, params, actions[N, A], n_act[N], keys[N])`` runs each env's first
     ``n_act`` actions in order (``step_env``: no auto-reset), stopping at terminated or
-    truncated, and returns ``(states, reward_sum, n_executed, n_effective, terminated,
-    truncated, success)``.
+    truncated, and returns ``(states, reward_sum, n_executed, n_effective, last_effective,
+    terminated, truncated, success)``; ``last_effective``: the last executed action was
+    effective (RAGEN's turn keeps its last action's ``info``).
     """
     if env in _ENV_FNS:
         return _ENV_FNS[env]
@@ -106,10 +108,11 @@ def env_functions(env: Any) -> tuple[Callable, Callable]:
 
     def one(state, params, acts, n, key):
         def body(carry, i):
-            state, done, rew, n_exec, n_eff, term, trunc, succ = carry
+            state, done, rew, n_exec, n_eff, last_eff, term, trunc, succ = carry
             do = (i < n) & ~done
             _, nxt, r, t, info = env.step_env(jax.random.fold_in(key, i), state, acts[i], params)
             t = jnp.asarray(t, bool)
+            eff = jnp.asarray(info["action_is_effective"], bool)
             tr = jnp.asarray(env.is_truncated(nxt, params), bool) & ~t
             state = jax.tree.map(lambda a, b: jnp.where(do, a, b), nxt, state)
             carry = (
@@ -117,7 +120,8 @@ def env_functions(env: Any) -> tuple[Callable, Callable]:
                 done | (do & (t | tr)),
                 rew + jnp.where(do, r, 0.0).astype(jnp.float32),
                 n_exec + do.astype(jnp.int32),
-                n_eff + (do & jnp.asarray(info["action_is_effective"], bool)).astype(jnp.int32),
+                n_eff + (do & eff).astype(jnp.int32),
+                jnp.where(do, eff, last_eff),
                 term | (do & t),
                 trunc | (do & tr),
                 jnp.where(do, jnp.asarray(info["success"], bool), succ),
@@ -125,10 +129,10 @@ def env_functions(env: Any) -> tuple[Callable, Callable]:
             return carry, None
 
         f, i0 = jnp.bool_(False), jnp.int32(0)
-        init = (state, f, jnp.float32(0.0), i0, i0, f, f, f)
-        (state, _, rew, n_exec, n_eff, term, trunc, succ), _ = jax.lax.scan(
+        init = (state, f, jnp.float32(0.0), i0, i0, f, f, f, f)
+        (state, _, rew, n_exec, n_eff, last_eff, term, trunc, succ), _ = jax.lax.scan(
             body, init, jnp.arange(acts.shape[0]))
-        return state, rew, n_exec, n_eff, term, trunc, succ
+        return state, rew, n_exec, n_eff, last_eff, term, trunc, succ
 
     step_turn = jax.jit(jax.vmap(one, in_axes=(0, None, 0, 0, 0)))
     _ENV_FNS[env] = (reset, step_turn)

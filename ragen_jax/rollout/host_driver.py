@@ -329,10 +329,11 @@ class HostEnvDriver:
         results = self.calls.step(rows, [list(actions[b].texts) for b in rows])
         states = states.copy()
         reward, executed, effective = np.zeros(n, np.float32), np.zeros(n, np.int32), np.zeros(n, np.int32)
-        terminated, truncated, success = (np.zeros(n, bool) for _ in range(3))
+        last_effective, terminated, truncated, success = (np.zeros(n, bool) for _ in range(4))
         errors = {}
         for b, (p, names, error) in zip(rows, results, strict=True):
             reward[b], executed[b], effective[b] = p.reward, p.executed, p.effective
+            last_effective[b] = p.last_effective
             text = p.text if p.executed else states[b].text
             if error:
                 errors[b] = error
@@ -342,5 +343,5 @@ class HostEnvDriver:
             truncated[b] = p.truncated
             success[b] = p.success
             states[b] = HostState(text, names, states[b].env)
-        return states, states, StepOutcome(reward, executed, effective, terminated, truncated,
-                                           success, errors)
+        return states, states, StepOutcome(reward, executed, effective, last_effective,
+                                           terminated, truncated, success, errors)

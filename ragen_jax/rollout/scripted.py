@@ -144,7 +144,7 @@ class LegalActions:
         """``(legal ids, the state after each action (batched), whether it ended the
         episode)``; every action counts as legal when none is."""
         tiled = jax.tree.map(lambda x: np.repeat(np.asarray(x)[None], self.n, 0), state)
-        nxt, _, _, n_eff, term, trunc, _ = jax.device_get(self.step_turn(
+        nxt, _, _, n_eff, _, term, trunc, _ = jax.device_get(self.step_turn(
             tiled, self.env_params, self.actions, np.ones(self.n, np.int32), self.keys))
         legal = np.flatnonzero(n_eff > 0)
         return (legal if legal.size else np.arange(self.n)), nxt, term | trunc

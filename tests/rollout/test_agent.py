@@ -109,7 +109,84 @@ def test_turn_by_turn_penalties_rewards_and_prompts(sokoban, tok, ref):
     assert m["rollout/length_truncated"] == 0
     if (batch.num_turns == 5).all():  # (no random level was solved on the way)
         assert m["Sokoban/format_error_rate"] == pytest.approx(3 / 5)
-        assert m["Sokoban/action_is_valid"] == pytest.approx(2 / 5)
+        assert m["Sokoban/turns_without_format_error"] == pytest.approx(2 / 5)
+        assert m["Sokoban/action_is_valid"] == pytest.approx(3 / 5)  # RAGEN's: turns 2-4 ran an action
+
+
+# Levels where a turn's first action moves the player and its second does not: RAGEN's rule
+# (the turn's last action) then differs from "any action of the turn".
+METRIC_SEEDS = np.array([34, 21])
+METRIC_TEXTS = [
+    "nothing useful",  # no tags: nothing runs
+    "x</think><answer>Up || Jump</answer>",  # a format error, but Up runs
+    "y</think><answer>Left || Left</answer>",
+    "z</think><answer>Down || Down</answer>",
+    "",  # empty answer: nothing runs
+]
+METRIC_VALID = [[], [0], [2, 2], [1, 1], []]
+METRIC_ERRORS = [True, True, False, False, True]
+
+
+def _ragen_episode_metrics(sokoban, step, state, per_turn_ids, budget):
+    """RAGEN's ``es_manager`` over one episode, written out: the turn's actions (cut to the
+    actions left) run with the unbatched env until done, each one's ``info`` (RAGEN's grid
+    envs': ``action_is_effective``, ``action_is_valid=True``, ``success``) updating the
+    turn's (the last one's wins; a turn that runs nothing records ``{}``); then each key but
+    ``success`` summed over the turns and divided by the turns played (``len(history) - 1``).
+    Also our per-action rate and, for contrast, the share of turns with any effective action."""
+    _, params = sokoban
+    history, total, effective, any_effective = [], 0, 0, 0
+    for ids in per_turn_ids:
+        turn_info, done, moved = {}, False, False
+        for a in ids[: budget - total]:
+            _, state, _, term, info = step(jax.random.key(0), state, a, params)
+            turn_info.update({"action_is_effective": bool(info["action_is_effective"]),
+                              "action_is_valid": True, "success": bool(info["success"])})
+            total, effective = total + 1, effective + bool(info["action_is_effective"])
+            moved |= bool(info["action_is_effective"])
+            if bool(term):
+                done = True
+                break
+        history.append(turn_info)
+        any_effective += moved
+        if done or total >= budget:
+            break
+    sums = {}
+    for info in history:
+        for k, v in info.items():
+            if k != "success":
+                sums[k] = sums.get(k, 0.0) + float(v)
+    out = {k: sums.get(k, 0.0) / len(history) for k in ("action_is_valid", "action_is_effective")}
+    return out | {"effective_action_rate": effective / total if total else 0.0,
+                  "any_effective": any_effective / len(history)}
+
+
+def test_action_metrics_are_ragens_under_ragens_names(sokoban, tok):
+    """``action_is_valid`` / ``action_is_effective`` as RAGEN's es_manager computes them from
+    the same episodes (replayed independently), ours under our names. On this script and these
+    levels every alternative differs (a turn with an unknown name still runs its valid action;
+    a turn whose first action moved and whose last did not counts 0 in RAGEN's), so a swap
+    would fail."""
+    batch = _rollout(sokoban, tok).collect(_script(tok, METRIC_TEXTS), METRIC_SEEDS,
+                                           jax.random.key(0))
+    env, params = sokoban
+    step = jax.jit(env.step_env)
+    episodes = [_ragen_episode_metrics(sokoban, step, env.reset_env(jax.random.key(int(s)), params)[1],
+                                       METRIC_VALID, CFG.max_actions_per_traj)
+                for s in np.repeat(METRIC_SEEDS, 2)]  # a group's two rows play one level
+    ragen = {key: np.mean([e[key] for e in episodes]) for key in episodes[0]}
+    ours_valid = np.mean([np.mean([not e for e in METRIC_ERRORS[: len(t["turns"])]])
+                          for t in batch.trajectories])
+    m = batch.metrics
+    for key in ("action_is_valid", "action_is_effective", "effective_action_rate"):
+        assert m[f"Sokoban/{key}"] == pytest.approx(ragen[key]), key
+    assert m["Sokoban/turns_without_format_error"] == pytest.approx(ours_valid)
+    assert ragen["action_is_valid"] != pytest.approx(ours_valid)
+    assert len({round(ragen[k], 6) for k in ("action_is_effective", "effective_action_rate",
+                                             "any_effective")}) == 3, ragen
+    for traj in batch.trajectories:  # the per-turn records hold each turn's last action's
+        assert [t["last_effective"] for t in traj["turns"]] != [t["num_effective"] > 0
+                                                                for t in traj["turns"]]
 
 
 def test_masks_cover_exactly_the_sampled_tokens(sokoban, tok):
@@ -178,6 +255,15 @@ def test_turn_scores_option(sokoban, tok):
             last = np.flatnonzero(batch.loss_mask[b] & (batch.turn_ids[b] == k))[-1]
             assert placed[last] == pytest.approx(t["reward"] + t["penalty"], abs=1e-6)
         assert placed.sum() == pytest.approx(batch.scores[b], abs=1e-5)
+    # RAGEN's use_turn_scores: each turn's env reward alone, the penalties nowhere.
+    ragen = _rollout(sokoban, tok, use_turn_scores=True, turn_scores_penalty=False, max_turn=3)
+    plain = ragen.collect(_script(tok, TEXTS), SEEDS, jax.random.key(4))
+    assert any(t["penalty"] for traj in plain.trajectories for t in traj["turns"])
+    for b, traj in enumerate(plain.trajectories):
+        for t in traj["turns"]:
+            last = np.flatnonzero(plain.loss_mask[b] & (plain.turn_ids[b] == t["turn"]))[-1]
+            assert plain.token_rewards[b, last] == pytest.approx(t["reward"], abs=1e-6)
+        assert plain.scores[b] == pytest.approx(sum(t["reward"] for t in traj["turns"]), abs=1e-5)
 
 
 def test_max_model_len_ends_episodes_without_crashing(sokoban, tok, caplog):

@@ -178,6 +178,47 @@ def test_free_text_turns_and_prompts(tok):
     assert batch.metrics["Moody/format_error_rate"] == 0.0
 
 
+class Sticky(HostEnv):
+    """Never ends; ``stay`` is not effective (``info["action_is_effective"]`` False), anything
+    else is."""
+
+    instruction = "Move."
+
+    def reset(self, seed):
+        return f"seed {seed}"
+
+    def step(self, action):
+        return f"after {action}", 0.0, False, {"success": False, "action_is_effective": action != "stay"}
+
+
+def test_host_turns_record_their_last_actions_effectiveness(tok):
+    """RAGEN's ``action_is_valid`` / ``action_is_effective`` (a turn keeps its last executed
+    action's info; one that ran nothing keeps none; summed, over the turns played), written
+    out over the scripted actions, against the rollout's metrics from a host env."""
+    plays = {0: [["go", "stay"], ["go", "go"]], 2: [None, ["stay", "go"]]}  # None: no tags
+    plays[1], plays[3] = plays[0], plays[2]
+
+    def answer(row, call):
+        actions = plays[row][call]
+        return "nonsense" if actions is None else answer_text(actions, CFG.context)
+
+    rollout = AgentRollout(HostEnvFamily(Sticky, isolation="thread"), None, tok, CFG)
+    batch = rollout.collect(ScriptedPolicy.from_texts(tok, answer), np.array([1, 2]),
+                            jax.random.key(0))
+    valid, effective, rate = [], [], []
+    for row in range(4):
+        turns = [a or [] for a in plays[row]]
+        valid.append(np.mean([len(a) > 0 for a in turns]))
+        effective.append(np.mean([bool(a) and a[-1] != "stay" for a in turns]))
+        ran = [x for a in turns for x in a]
+        rate.append(np.mean([x != "stay" for x in ran]))
+    assert batch.trajectories[2]["turns"][0]["format_error"]
+    m = batch.metrics
+    assert m["Sticky/action_is_valid"] == pytest.approx(np.mean(valid))
+    assert m["Sticky/action_is_effective"] == pytest.approx(np.mean(effective)) == 0.5
+    assert m["Sticky/effective_action_rate"] == pytest.approx(np.mean(rate)) == 0.625
+
+
 def test_same_seed_same_episode(tok):
     env, _ = make("countdown")
     cfg = dataclasses.replace(CFG, max_turn=1, max_actions_per_turn=1, max_actions_per_traj=1)

@@ -62,7 +62,7 @@ def test_solver_mixture_policy_share_one_solves_and_share_zero_is_random_legal()
         assert sum(len(t["actions"]) for t in traj["turns"]) == optimal
     mixed = rollout.collect(SolverMixturePolicy(env, params, tok, cfg.context, 0, solver_share=0.0),
                             seeds, jax.random.key(0), group_size=2)
-    assert mixed.metrics["FrozenLake/action_is_effective"] == 1.0  # random, but legal
+    assert mixed.metrics["FrozenLake/effective_action_rate"] == 1.0  # random, but legal
     assert mixed.metrics["FrozenLake/success"] < 0.7
     with pytest.raises(ValueError, match="solver_share"):
         SolverMixturePolicy(env, params, tok, cfg.context, 0, solver_share=1.5)

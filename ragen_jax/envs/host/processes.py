@@ -245,6 +245,7 @@ class TurnProgress:
     reward: float = 0.0
     executed: int = 0
     effective: int = 0
+    last_effective: bool = False  # the last executed action was effective (RAGEN's turn keeps its last info)
     done: bool = False
     truncated: bool = False
     success: bool = False
@@ -254,7 +255,8 @@ class TurnProgress:
         text, reward, done, info = out
         self.text, self.executed = text, self.executed + 1
         self.reward += reward
-        self.effective += bool(info.get("action_is_effective", True))
+        self.last_effective = bool(info.get("action_is_effective", True))
+        self.effective += self.last_effective
         if done:
             self.done, self.success = True, bool(info.get("success", False))
             self.truncated = bool(info.get("truncated", False))
