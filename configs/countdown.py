@@ -3,7 +3,9 @@ once, ``+ - * /`` and parentheses; one answer per episode (reward 1 correct, 0.1
 but wrong value, 0 otherwise). A host environment (``ragen_jax.envs.countdown``): puzzles
 generated from the seed (3-4 numbers up to 99, targets up to 100, solvable by construction);
 ``--config.env.params.data_path=puzzles.jsonl`` (or ``.parquet``, with the ``parquet`` extra:
-pyarrow) reads RAGEN-style ``{"target", "nums"}`` rows instead.
+pyarrow) reads RAGEN-style ``{"target", "nums"}`` rows instead (RAGEN's first 20,000,
+``max_instances``). Either way only puzzles solvable with ``+`` and ``-`` alone are played, as
+RAGEN filters its data; ``--config.env.params.plus_minus_only=False`` plays them all.
 
 ``python launch.py --config configs/countdown.py[:preset]``.
 """

@@ -10,8 +10,18 @@ Puzzles come from the seed (``generate``: 3 to 4 numbers, a random expression tr
 of them whose value, a positive integer up to ``max_target``, becomes the target, so every
 puzzle is solvable by construction) or, with ``data_path``, from a JSONL or parquet file of
 ``{"target": int, "nums": [int, ...]}`` rows (``numbers`` is accepted for ``nums``; parquet
-through pyarrow, ``pip install 'ragen_jax[parquet]'``), row ``seed mod len`` as RAGEN picks
-it; a malformed file is a one-line ``ValueError`` naming the file, the row and the field.
+through pyarrow, ``pip install 'ragen_jax[parquet]'``); a malformed file is a one-line
+``ValueError`` naming the file, the row and the field.
+
+Which puzzles are played is RAGEN's choice (``plus_minus_only=True``, the default): RAGEN
+keeps the first ``max_instances`` (20,000) rows of its file, then those whose target is
+``±n1 ±n2 ±n3 ±n4`` (its ``has_solution``: only ``+`` and ``-``, every number once), and plays
+filtered row ``seed mod len``; a file here is read the same way (a shorter file: all its
+rows), and a generated puzzle that fails the filter is drawn again from the seed's stream, so
+no puzzle needs ``*`` or ``/`` (the answer may still use them). ``plus_minus_only=False``
+plays every row (``seed mod len`` of the first ``max_instances``) and every generated puzzle,
+a harder task than RAGEN's. RAGEN's check reads only a row's first four numbers (its data has
+3 or 4); here every number counts.
 
 Host-side, not JAX: the step parses free text. Differences from RAGEN (deliberate):
 
@@ -28,7 +38,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import os
+from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -57,17 +69,26 @@ class Puzzle:
     solution: str = ""
 
 
+def has_plus_minus_solution(numbers: Sequence[int], target: int) -> bool:
+    """RAGEN's ``has_solution``: ``target`` is a sum of ``numbers`` each with a sign of its
+    own (only ``+`` and ``-``, every number once)."""
+    return any(sum(s * n for s, n in zip(signs, numbers, strict=True)) == target
+               for signs in itertools.product((1, -1), repeat=len(numbers)))
+
+
 def generate(seed: int, *, min_numbers: int = 3, max_numbers: int = 4, max_number: int = 99,
-             max_target: int = 100) -> Puzzle:
+             max_target: int = 100, plus_minus_only: bool = False) -> Puzzle:
     """The puzzle of ``seed``: ``min_numbers``..``max_numbers`` numbers in 1..``max_number``
     combined in a random order by random operations; the first draw whose value is an integer
-    in 1..``max_target`` is the target (exact arithmetic; a division by zero is redrawn)."""
+    in 1..``max_target`` (and with ``plus_minus_only`` passes ``has_plus_minus_solution``) is
+    the target (exact arithmetic; a division by zero is redrawn)."""
     rng = np.random.default_rng(seed)
     for _ in range(10_000):
         count = int(rng.integers(min_numbers, max_numbers + 1))
         numbers = tuple(int(n) for n in rng.integers(1, max_number + 1, size=count))
         value, text = _random_tree(rng, numbers)
-        if value is not None and value.denominator == 1 and 1 <= value <= max_target:
+        if (value is not None and value.denominator == 1 and 1 <= value <= max_target
+                and (not plus_minus_only or has_plus_minus_solution(numbers, int(value)))):
             return Puzzle(int(value), numbers, text)
     raise RuntimeError(f"no Countdown puzzle found for seed {seed} (max_target too small?)")
 
@@ -126,6 +147,16 @@ def load_puzzles(path: str | os.PathLike) -> tuple[Puzzle, ...]:
     return _read_puzzles(path, os.path.getmtime(path))
 
 
+def ragen_pool(puzzles: Sequence[Puzzle], *, max_instances: int = 20_000,
+               plus_minus_only: bool = True) -> tuple[Puzzle, ...]:
+    """The puzzles RAGEN's Countdown plays from a file's rows: the first ``max_instances`` (0:
+    all; RAGEN: 20,000), then with ``plus_minus_only`` those ``has_plus_minus_solution``
+    keeps; an episode plays ``pool[seed mod len(pool)]``."""
+    rows = puzzles[:max_instances] if max_instances else puzzles
+    return tuple(p for p in rows if not plus_minus_only
+                 or has_plus_minus_solution(p.numbers, p.target))
+
+
 def score_answer(answer: str, puzzle: Puzzle, *, format_score: float = 0.1,
                  score: float = 1.0) -> float:
     """RAGEN's Countdown reward of one answer (never raises; see the module docstring)."""
@@ -142,12 +173,22 @@ class Countdown(HostEnv):
 
     def __init__(self, data_path: str = "", min_numbers: int = 3, max_numbers: int = 4,
                  max_number: int = 99, max_target: int = 100, format_score: float = 0.1,
-                 score: float = 1.0):
+                 score: float = 1.0, plus_minus_only: bool = True, max_instances: int = 20_000):
         if not 1 <= min_numbers <= max_numbers:
             raise ValueError(f"need 1 <= min_numbers <= max_numbers, got {min_numbers}, {max_numbers}")
-        self.puzzles = load_puzzles(data_path) if data_path else None
+        if max_instances < 0:
+            raise ValueError(f"need max_instances >= 0 (0: every row), got {max_instances}")
+        self.puzzles = None
+        if data_path:
+            self.puzzles = ragen_pool(load_puzzles(data_path), max_instances=max_instances,
+                                      plus_minus_only=plus_minus_only)
+            if not self.puzzles:
+                rows = f"its first {max_instances} rows" if max_instances else "its rows"
+                raise ValueError(f"{data_path}: no puzzle in {rows} is solvable with + and - "
+                                 f"alone (plus_minus_only=False plays every row)")
         self.sizes = dict(min_numbers=min_numbers, max_numbers=max_numbers,
-                          max_number=max_number, max_target=max_target)
+                          max_number=max_number, max_target=max_target,
+                          plus_minus_only=plus_minus_only)
         self.format_score, self.score = float(format_score), float(score)
         self.puzzle: Puzzle | None = None
 

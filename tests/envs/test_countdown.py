@@ -1,5 +1,6 @@
-"""Countdown: generated puzzles are solvable (brute force), RAGEN's rewards on hand-written
-answers, determinism per seed, file-backed puzzles."""
+"""Countdown: generated puzzles are solvable (brute force), the puzzles played are those
+RAGEN's filter picks, RAGEN's rewards on hand-written answers, determinism per seed,
+file-backed puzzles."""
 
 import itertools
 import json
@@ -12,6 +13,8 @@ import pytest
 from ragen_jax.envs import make
 from ragen_jax.envs.arithmetic import parse
 from ragen_jax.envs.countdown import Countdown, Puzzle, generate, load_puzzles, score_answer
+
+RAGEN_MAX_INSTANCES = 20_000  # RAGEN's CountdownEnvConfig.max_instances
 
 
 def solvable(numbers, target) -> bool:
@@ -38,6 +41,64 @@ def test_generated_puzzles_are_solvable_and_in_range():
         assert solvable(p.numbers, p.target), p
         expr = parse(p.solution)  # the construction's own expression reaches it too
         assert sorted(expr.numbers) == sorted(p.numbers) and expr.value == p.target
+
+
+def ragen_has_solution(nums, target) -> bool:
+    """RAGEN's ``has_solution``, written out: the numbers padded to four with zeros, then every
+    choice of signs in ``+-n1 +-n2 +-n3 +-n4`` (only + and -)."""
+    nums = list(nums) + [0] * (4 - len(nums))
+    return any(sum(c[i] * nums[i] for i in range(4)) == target
+               for c in itertools.product([1, -1], repeat=4))
+
+
+def test_generated_puzzles_are_the_ones_ragens_filter_keeps():
+    """Unfiltered, the generator makes puzzles that need * or / (about one in six); the env
+    never plays one: every puzzle it picks passes RAGEN's filter."""
+    raw = [generate(seed) for seed in range(200)]
+    needs_more = [p for p in raw if not ragen_has_solution(p.numbers, p.target)]
+    assert 10 < len(needs_more) < 100 and all(solvable(p.numbers, p.target) for p in needs_more)
+    env = Countdown()
+    picked = [env.puzzle_for(seed) for seed in range(200)]
+    assert all(ragen_has_solution(p.numbers, p.target) for p in picked)
+    kept = [s for s, p in enumerate(raw) if ragen_has_solution(p.numbers, p.target)]
+    assert all(picked[s] == raw[s] for s in kept)  # a puzzle that passes is not redrawn
+    assert Countdown(plus_minus_only=False).puzzle_for(7) == generate(7)
+
+
+def test_file_puzzles_are_picked_as_ragen_picks_them(tmp_path):
+    """RAGEN: the first 20,000 rows, those its ``has_solution`` keeps, then ``seed mod len``.
+    The file has 20,050 rows: a third of the first 20,000 need * (``a * b + c``), and the 50
+    after them are all +/- solvable (a reader past row 20,000 would play them)."""
+    rows = []
+    for i in range(RAGEN_MAX_INSTANCES + 50):
+        a, b, c = 2 + i % 7, 3 + i % 5, 1 + i % 11
+        if i >= RAGEN_MAX_INSTANCES:
+            rows.append({"target": 1000 + i, "nums": [1000 + i, a, a]})
+        elif i % 3 == 0:
+            rows.append({"target": a * b + c, "nums": [a, b, c]})
+        elif i % 2:
+            rows.append({"target": a + b - c, "nums": [a, b, c]})
+        else:
+            rows.append({"target": a + b - c + i % 13, "nums": [a, b, c, i % 13]})
+    path = tmp_path / "puzzles.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    pool = [r for r in rows[:RAGEN_MAX_INSTANCES] if ragen_has_solution(r["nums"], r["target"])]
+    assert 0 < len(pool) < RAGEN_MAX_INSTANCES
+    assert any(not ragen_has_solution(r["nums"], r["target"]) and solvable(r["nums"], r["target"])
+               for r in rows[:RAGEN_MAX_INSTANCES])  # the filter has something to drop
+    env = Countdown(data_path=str(path))
+    for seed in [*range(0, 3 * len(pool), 7), 10**9 + 3]:
+        r = pool[seed % len(pool)]
+        assert env.puzzle_for(seed) == Puzzle(r["target"], tuple(r["nums"])), seed
+    assert len(set(map(env.puzzle_for, range(len(pool))))) == len({json.dumps(r) for r in pool})
+    everything = Countdown(data_path=str(path), plus_minus_only=False, max_instances=0)
+    assert everything.puzzle_for(RAGEN_MAX_INSTANCES + 1).target == 1000 + RAGEN_MAX_INSTANCES + 1
+    short = tmp_path / "short.jsonl"  # fewer rows than 20,000: all of them, filtered
+    short.write_text(json.dumps({"target": 7, "nums": [2, 3]}) + "\n"
+                     + json.dumps({"target": 1, "nums": [2, 3]}) + "\n")
+    assert [Countdown(data_path=str(short)).puzzle_for(s).target for s in range(3)] == [1, 1, 1]
+    with pytest.raises(ValueError, match="solvable with \\+ and - alone"):
+        Countdown(data_path=str(short), max_instances=1)
 
 
 def test_same_seed_same_puzzle():
@@ -102,14 +163,14 @@ def test_random_actions_use_the_puzzles_numbers():
 
 def test_puzzles_from_a_jsonl_file(tmp_path):
     path = tmp_path / "puzzles.jsonl"
-    rows = [{"target": 6, "nums": [1, 2, 3]}, {"target": 10, "numbers": [2, 5]}]
+    rows = [{"target": 6, "nums": [1, 2, 3]}, {"target": 3, "numbers": [2, 5]}]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    assert load_puzzles(path) == (Puzzle(6, (1, 2, 3)), Puzzle(10, (2, 5)))
+    assert load_puzzles(path) == (Puzzle(6, (1, 2, 3)), Puzzle(3, (2, 5)))
     family, params = make("countdown", data_path=str(path))
     env = family.factory()
     assert params is None and env.reset(0) == "Target: 6, nums: [1, 2, 3]"
-    assert env.reset(3) == "Target: 10, nums: [2, 5]"  # row seed mod len, as RAGEN
-    assert env.step("2 * 5")[1] == 1.0
+    assert env.reset(3) == "Target: 3, nums: [2, 5]"  # row seed mod len, as RAGEN
+    assert env.step("5 - 2")[1] == 1.0
     path.write_text('{"target": 6}\n')
     with pytest.raises(ValueError, match="row 1"):
         make("countdown", data_path=str(path))
@@ -126,12 +187,12 @@ def test_puzzles_from_a_parquet_file(tmp_path):
     """RAGEN's Countdown data is parquet (``target``, ``nums`` columns; extra columns ignored):
     read through pyarrow (the ``parquet`` extra) and played row ``seed mod len``."""
     path = tmp_path / "puzzles.parquet"
-    _write_parquet(path, {"target": [6, 10], "nums": [[1, 2, 3], [2, 5]], "id": ["a", "b"]})
-    assert load_puzzles(path) == (Puzzle(6, (1, 2, 3)), Puzzle(10, (2, 5)))
+    _write_parquet(path, {"target": [6, 3], "nums": [[1, 2, 3], [2, 5]], "id": ["a", "b"]})
+    assert load_puzzles(path) == (Puzzle(6, (1, 2, 3)), Puzzle(3, (2, 5)))
     family, _ = make("countdown", data_path=str(path))
     env = family.factory()
-    assert env.reset(1) == "Target: 10, nums: [2, 5]"
-    assert env.step("5 * 2")[1:3] == (1.0, True)
+    assert env.reset(1) == "Target: 3, nums: [2, 5]"
+    assert env.step("5 - 2")[1:3] == (1.0, True)
     assert env.reset(2) == "Target: 6, nums: [1, 2, 3]"
     assert env.step("3 * 2 * 1")[1] == 1.0
     numbers = tmp_path / "numbers.parquet"  # float targets that are integers, 'numbers' column
