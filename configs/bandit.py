@@ -22,6 +22,8 @@ def get_config(preset: str = "tiny"):
     c.rollout.max_actions_per_turn = 1
     if preset == "tiny":
         c.trainer.test_freq = 5
+    elif preset not in base.CPU_PRESETS:
+        c.rollout.response_length = 500  # RAGEN's _1_bandit.yaml (the CPU presets cut answers shorter: base.cpu_preset)
     if preset == "qwen2.5-0.5b-cpu":
         bandit_cpu(c)
     return c

@@ -358,6 +358,8 @@ def test_real_model_presets_compute_in_auto_and_stop_after_the_answer(tmp_path):
         assert run.model.dtype == "auto" and run.rollout.sampling.stop_strings == ("</answer>",), preset
         # RAGEN's budget (docs/design.md: why kept); the CPU presets a third of it (base.cpu_preset)
         assert run.rollout.response_length == (128 if preset in base.CPU_PRESETS else 400), preset
+        if preset not in base.CPU_PRESETS:  # the Bandit's: RAGEN's _1_bandit.yaml
+            assert bandit.get_config(preset).rollout.response_length == 500, preset
     tiny = from_config_dict(bandit.get_config())
     assert tiny.model.dtype == "float32" and tiny.rollout.sampling.stop_strings == ()
     # The command line sets them as a Python tuple or list; () turns them off.
