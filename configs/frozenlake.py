@@ -13,9 +13,11 @@ def get_config(preset: str = "tiny"):
     if preset == "tiny":
         # A random tiny model starts from a solver-mixture prior (docs/models.md, "Starting policy").
         base.solver_mixture_prior(c)
-        # RAGEN's CoordFrozenLake as its `_3_frozen_lake.yaml` trains it: coordinate text
-        # (a tiny model reads positions more easily than a grid) and deterministic moves
-        # (success_rate=1: a slip would punish the right move 20% of the time).
+        # From RAGEN's `_3_frozen_lake.yaml` (CoordFrozenLake) its deterministic moves
+        # (success_rate=1: a slip would punish the right move 20% of the time) and its
+        # coordinate lines, but not its grid map or instruction: `coord` text (a tiny model
+        # reads positions more easily than a grid) with our instruction. RAGEN's text and
+        # instruction: --config.env.params.observation_format=grid_coord.
         c.env.params.observation_format = "coord"
         c.env.params.success_rate = 1.0
     return c

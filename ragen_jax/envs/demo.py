@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-steps", type=int, default=20)
     parser.add_argument("--observation-format", default=None,
-                        help="sokoban: grid | coord | grid_coord; frozenlake: grid | coord")
+                        help="sokoban and frozenlake: grid | coord | grid_coord")
     args = parser.parse_args(argv)
     policy = args.policy or ("solver" if args.env in ("sokoban", "rubikscube") else "random")
     demo(args.env, policy, args.seed, args.max_steps, args.observation_format)

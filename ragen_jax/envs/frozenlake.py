@@ -27,10 +27,32 @@ MAX_SIZE = 64
 # Observation codes (RAGEN's ``GRID_LOOKUP`` order).
 PLAYER, FROZEN, HOLE, GOAL, PLAYER_IN_HOLE, PLAYER_ON_GOAL = 0, 1, 2, 3, 4, 5
 SYMBOLS = ("P", "_", "O", "G", "X", "√")  # index = observation code
+SYMBOL_MEANINGS = ("player", "empty", "hole", "goal", "player in hole", "player on goal")
 
 ACTION_NAMES = ("Left", "Down", "Right", "Up")  # gymnasium's action ids 0-3, same order
 DELTAS = np.array([[0, -1], [1, 0], [0, 1], [-1, 0]], np.int32)  # [4, 2] (row, col) per action
-OBSERVATION_FORMATS = ("grid", "coord")
+OBSERVATION_FORMATS = ("grid", "coord", "grid_coord")
+
+# The env instruction for ``grid`` and ``coord`` text: our wording (RAGEN's FrozenLake tag says
+# "Forbid the whole and go to the target").
+INSTRUCTION = (
+    "You are walking on a frozen lake. Reach the goal G without falling into a hole O. The ice "
+    "may be slippery, so you may move in a direction you did not choose. The answer should be "
+    "a sequence of actions, like <answer>Left || Up</answer>"
+)
+# RAGEN V2's CoordFrozenLake instruction (``config/envs.yaml``, ``grid_coord`` text), verbatim
+# but for the corner: a YAML block scalar, so its line breaks and final newline are kept (the
+# legend then follows a blank line). RAGEN writes (5, 5) on its 4x4 map; here it is this
+# board's bottom-right cell.
+COORD_INSTRUCTION = (
+    "You are solving the FrozenLake puzzle. The observation includes both a symbol grid and "
+    "zero-indexed coordinates for the start, goal, player, and any holes.\n"
+    "Coordinates range from the top-left corner (0, 0) to the bottom-right corner "
+    "({last}, {last}).\n"
+    "Beware that the ice is slippery, so the agent might slide and end up in an unintended "
+    "tile.\n"
+    "Respond with a sequence of actions such as <answer>Left || Up || Up</answer>.\n"
+)
 
 # Map redraws before giving up and clearing every hole (only reachable for tiny ``p``).
 MAX_MAP_DRAWS = 1000
@@ -80,9 +102,12 @@ class FrozenLake(TextEnv[EnvState, EnvParams]):
 
     Observation (``get_obs``): the [size, size] int8 grid of codes into ``SYMBOLS``
     (``P _ O G X √``: player, frozen incl. the start, hole, goal, player in hole, player on goal).
-    Text (``render_text``): ``grid`` (the symbols, rows joined by newlines) or ``coord`` (start,
-    goal, player and holes as ``(row, col)``; the board size and orientation are said once, in
-    the system message: ``observation_note``).
+    Text (``render_text``, RAGEN's three formats): ``grid`` (the symbols, rows joined by
+    newlines), ``coord`` (the board size, then start, goal, player and holes as ``(row, col)``,
+    a line only for what is there) or ``grid_coord`` (RAGEN's CoordFrozenLake: the coordinates,
+    then the grid). For the system message: ``instruction`` (CoordFrozenLake's for
+    ``grid_coord``), ``symbol_legend`` and ``observation_note`` (``coord``: which way the
+    coordinates run, which RAGEN's ``coord``-only text never says; it has no such tag).
 
     Differences from RAGEN, all deliberate:
 
@@ -93,8 +118,9 @@ class FrozenLake(TextEnv[EnvState, EnvParams]):
       on the agent's action budget.
     - The map is redrawn at most ``MAX_MAP_DRAWS`` times; if no draw has a path (only plausible
       for ``p`` near 0), the last draw's holes are all cleared. RAGEN would loop forever.
-    - The ``coord`` board note (in the system message) states the real board size; RAGEN's
-      hint says (5, 5) on a 4x4 map.
+    - CoordFrozenLake's instruction names this board's bottom-right corner; RAGEN's says
+      (5, 5) on its 4x4 map.
+    - ``grid`` and ``coord`` text get our own instruction (``INSTRUCTION``).
     - ``goal_reward`` is a param (RAGEN's is fixed at 1).
     """
 
@@ -187,8 +213,8 @@ class FrozenLake(TextEnv[EnvState, EnvParams]):
     def holdout_fields(self, state: EnvState) -> tuple[jax.Array, ...]:
         """``grid`` text shows holes, goal and player, not the start, so a training level on a
         validation level's holes and goal could walk onto that level's starting board: held
-        out is the map without its start (no step changes it). ``coord`` text names the start
-        in every state, so there the level is enough."""
+        out is the map without its start (no step changes it). ``coord`` and ``grid_coord`` text
+        name the start in every state, so there the level is enough."""
         return (state.holes, state.goal) if self.observation_format == "grid" else self.level(state)
 
     def is_terminated(self, state: EnvState, params: EnvParams) -> jax.Array:
@@ -215,9 +241,22 @@ class FrozenLake(TextEnv[EnvState, EnvParams]):
 
     # ---- host-side text -------------------------------------------------------------------
 
+    @property
+    def instruction(self) -> str:
+        """The system message's env instruction: CoordFrozenLake's for ``grid_coord``, ours
+        otherwise."""
+        if self.observation_format == "grid_coord":
+            return COORD_INSTRUCTION.format(last=self.size - 1)
+        return INSTRUCTION
+
+    def symbol_legend(self) -> str:
+        """``"P: player, _: empty, ..."`` (RAGEN's ``grid_vocab``), for grid formats."""
+        return ", ".join(f"{s}: {m}" for s, m in zip(SYMBOLS, SYMBOL_MEANINGS, strict=True))
+
     def observation_note(self) -> str:
-        """What the system message says about reading the state (``coord``: the board)."""
-        return board_note(self.size, self.size) if self.observation_format == "coord" else ""
+        """What the system message says about reading ``coord`` text (which way its
+        coordinates run); the other formats need none."""
+        return coord_note(self.size) if self.observation_format == "coord" else ""
 
     def render_text(self, state: EnvState, fmt: str | None = None) -> str:
         """The text for one unbatched state, in ``fmt`` (default: the constructor's format)."""
@@ -226,6 +265,9 @@ class FrozenLake(TextEnv[EnvState, EnvParams]):
             return "\n".join("".join(SYMBOLS[c] for c in row) for row in symbol_grid(state))
         if fmt == "coord":
             return coord_text(state)
+        if fmt == "grid_coord":
+            return ("Coordinates: \n" + coord_text(state) + "\nGrid Map: \n"
+                    + self.render_text(state, "grid"))
         raise ValueError(f"unknown observation format {fmt!r}; one of {OBSERVATION_FORMATS}")
 
 
@@ -240,32 +282,30 @@ def symbol_grid(state: EnvState) -> np.ndarray:
     return grid
 
 
-def board_note(rows: int, cols: int) -> str:
-    """How ``coord`` coordinates read: said once in the system message (as RAGEN's
-    CoordFrozenLake instruction does), not in every turn's state."""
-    return (f"Board size: {rows} rows x {cols} cols; coordinates are (row, col), from (0, 0) at "
-            f"the top left to ({rows - 1}, {cols - 1}) at the bottom right.")
+def coord_note(size: int) -> str:
+    """Which way ``coord`` coordinates run, said once in the system message."""
+    return (f"Coordinates are (row, col), from (0, 0) at the top left to ({size - 1}, "
+            f"{size - 1}) at the bottom right.")
 
 
 def coord_text(state: EnvState) -> str:
-    """The ``coord`` rendering of one host state: one clearly labelled line per item (the
-    board's size and orientation are in ``board_note``)."""
+    """RAGEN's ``coord`` rendering of one host state: the board size, then Start, Goal, the
+    player (``Player``, ``Player on goal`` or ``Player in hole``) and Holes, each line only when
+    it has a cell (a map without holes has no Holes line)."""
     holes = np.asarray(state.holes, bool)
     start = tuple(int(v) for v in np.asarray(state.start))
     goal = tuple(int(v) for v in np.asarray(state.goal))
     player = tuple(int(v) for v in np.asarray(state.player))
-    hole_cells = [(int(r), int(c)) for r, c in zip(*np.nonzero(holes), strict=True)]
+    rows, cols = holes.shape
     if player == goal:
-        player_line = f"Player on goal: {player}"
+        player_label = "Player on goal"
     elif holes[player]:
-        player_line = f"Player in hole: {player}"
+        player_label = "Player in hole"
     else:
-        player_line = f"Player: {player}"
-    return "\n".join(
-        [
-            f"Start: {start}",
-            f"Goal: {goal}",
-            player_line,
-            "Holes: " + (", ".join(str(h) for h in hole_cells) if hole_cells else "none"),
-        ]
-    )
+        player_label = "Player"
+    lines = [f"Board size: {rows} rows x {cols} cols (zero-indexed).", f"Start: {start}",
+             f"Goal: {goal}", f"{player_label}: {player}"]
+    hole_cells = [(int(r), int(c)) for r, c in zip(*np.nonzero(holes), strict=True)]
+    if hole_cells:
+        lines.append("Holes: " + ", ".join(str(h) for h in hole_cells))
+    return "\n".join(lines)

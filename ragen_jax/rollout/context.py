@@ -38,14 +38,15 @@ device):
 * **Parsing** (``parse_response``): RAGEN's ``<think>(.*?)</think>\\s*<answer>(.*?)</answer>``
   pattern (answer-only when thinking is off), actions split on ``||``, stripped, empty parts
   dropped, the first ``max_actions_per_turn`` kept, matched case-insensitively to the env's
-  action names. Stricter than RAGEN in three named ways, each a format error: a tag appearing
-  more than once (nested/duplicated tags, which RAGEN's lazy regex can accept), a special
-  token generated before the end of the turn (RAGEN silently strips them), and an answer longer
-  than ``max_answer_chars``. A turn ended by any stop id (the end-of-turn token, the
-  tokenizer's eos token or one of ``ChatFormat``'s ``eos_ids``) parses the same way: the stop
-  token is not part of the text; a turn ended by a stop string parses its whole text (the
-  string included: ``</answer>`` closes the answer). Parsing never raises and never evaluates
-  model text.
+  action names. Stricter than RAGEN in three named ways, each a format error: a tag of the
+  pattern appearing more than once (nested/duplicated tags, which RAGEN's lazy regex can
+  accept), a special token generated before the end of the turn (RAGEN silently strips them),
+  and an answer longer than ``max_answer_chars``. With thinking off the think tags are not part
+  of the pattern and may stand anywhere, as in RAGEN (a stray ``<think>`` after the answer). A
+  turn ended by any stop id (the end-of-turn token, the tokenizer's eos token or one of
+  ``ChatFormat``'s ``eos_ids``) parses the same way: the stop token is not part of the text; a
+  turn ended by a stop string parses its whole text (the string included: ``</answer>`` closes
+  the answer). Parsing never raises and never evaluates model text.
 """
 
 from __future__ import annotations
@@ -65,31 +66,15 @@ _CHATML = {
     "assistant_to_user": "<|im_end|>\n<|im_start|>user\n",
 }
 
-# RAGEN-style instructions per registered env name (RAGEN's Sokoban wording; FrozenLake and
-# Bandit wording is our own: RAGEN's FrozenLake text has typos and its bandit lives in the
-# observation, which our Bandit's render_text also provides).
+# Instructions for envs that carry none (``instruction``) of their own, by class name: our
+# wording (RAGEN's Bandit prompt lives in the observation, which our Bandit's render_text also
+# provides). Sokoban and FrozenLake carry RAGEN's per tag and format.
 ENV_INSTRUCTIONS = {
-    "Sokoban": (
-        "You are solving the Sokoban puzzle. You are the player and you need to push all boxes "
-        "to targets. When you are right next to a box, you can push it by moving in the same "
-        "direction. You cannot push a box through a wall, and you cannot pull a box. The answer "
-        "should be a sequence of actions, like <answer>Right || Right || Up</answer>"
-    ),
-    "FrozenLake": (
-        "You are walking on a frozen lake. Reach the goal G without falling into a hole O. The "
-        "ice may be slippery, so you may move in a direction you did not choose. The answer "
-        "should be a sequence of actions, like <answer>Left || Up</answer>"
-    ),
     "Bandit": (
         "You are playing a bandit game. Infer the risk of each arm from its name and choose the "
         "arm with the higher expected reward. The answer should be the name of one arm, like "
         "<answer>arm name</answer>"
     ),
-}
-
-# Symbol legends for envs without a ``symbol_legend()`` method (grid observations only).
-ENV_LEGENDS = {
-    "FrozenLake": "P: player, _: empty, O: hole, G: goal, X: player in hole, √: player on goal",
 }
 
 
@@ -101,7 +86,8 @@ class ContextConfig:
     the run config (``config.rollout``, whose defaults are RAGEN's budget), so each default
     is written once.
 
-    ``env_instruction`` None means ``ENV_INSTRUCTIONS[type(env).__name__]`` (or empty).
+    ``env_instruction`` None means the env's own ``instruction``, else
+    ``ENV_INSTRUCTIONS[type(env).__name__]`` (or empty).
     ``prefill_tag``: append ``<think>`` (``<answer>`` when thinking is off) to the generation
     prompt as RAGEN does; the parser then prefixes it to the generated text.
     ``max_tokens_hint`` is only the number written in the prompt ("Max response length"); a
@@ -158,10 +144,17 @@ class ContextConfig:
 
 def system_message(env: Any, action_names: Sequence[str], cfg: ContextConfig) -> str:
     """RAGEN's system message: prefix, env instruction (the config's, else the env's own
-    ``instruction`` (host envs), else ``ENV_INSTRUCTIONS``), the env's ``observation_note()``
-    (how to read its state, if it has one), symbol legend, available actions (none listed for
-    a free-text env, as RAGEN lists them only with an ``action_lookup``). A
-    ``system_template`` replaces the composition with its own text, filled with the same parts."""
+    ``instruction``, else ``ENV_INSTRUCTIONS``), the env's ``observation_note()`` (how to read
+    its state, if it has one), symbol legend (``symbol_legend()``, for grid text), available
+    actions (none listed for a free-text env, as RAGEN lists them only with an
+    ``action_lookup``). A ``system_template`` replaces the composition with its own text,
+    filled with the same parts.
+
+    The parts are concatenated as RAGEN's ``_init_prefix_lookup`` does, so an instruction's own
+    line breaks lay the message out: RAGEN's Sokoban instructions are YAML blocks of lines
+    ending in a newline, so the legend follows a blank line. RAGEN appends the legend for every
+    Sokoban and FrozenLake tag (it reads the top-level format, always "grid"); here it is left
+    out of ``coord`` text, which has no symbols (RAGEN has no ``coord``-only tag)."""
     name = type(env).__name__
     instruction = cfg.env_instruction
     if instruction is None:
@@ -169,7 +162,7 @@ def system_message(env: Any, action_names: Sequence[str], cfg: ContextConfig) ->
     legend = None
     if getattr(env, "observation_format", "grid") in ("grid", "grid_coord"):
         legend_fn = getattr(env, "symbol_legend", None)
-        legend = legend_fn() if callable(legend_fn) else ENV_LEGENDS.get(name)
+        legend = legend_fn() if callable(legend_fn) else None
     if cfg.system_template:
         return cfg.system_template.format(instruction=instruction, legend=legend or "",
                                           actions=", ".join(action_names),
@@ -391,8 +384,10 @@ def parse_response(text: str, action_names: Sequence[str], cfg: ContextConfig, *
         text = str(text)
     if special_inside:
         return ParsedTurn("", "", [], [], True, "special token")
-    want = (1, 1, 1, 1) if cfg.enable_think else (0, 0, 1, 1)
-    if tuple(text.count(t) for t in _TAGS) != want:
+    # Thinking off: the think tags are not part of the pattern, so (as RAGEN's search and its
+    # tag stripping) they may stand anywhere, e.g. a stray <think> after the answer.
+    pattern_tags = _TAGS if cfg.enable_think else _TAGS[2:]
+    if any(text.count(t) != 1 for t in pattern_tags):
         return ParsedTurn("", "", [], [], True, "tags")
     if cfg.enable_think:
         m = _THINK_RE.search(text)
@@ -400,6 +395,7 @@ def parse_response(text: str, action_names: Sequence[str], cfg: ContextConfig, *
     else:
         m = _ANSWER_RE.search(text)
         think, answer = "", (m.group(1) if m else "")
+        answer = answer.replace("<think>", "").replace("</think>", "")
     if m is None:
         return ParsedTurn("", "", [], [], True, "pattern")
     if len(answer) > cfg.max_answer_chars:

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragen_jax.envs.frozenlake import EnvParams, EnvState, FrozenLake
+from tests.envs.ragen_text import format_coordinate_render
 
 ENV = FrozenLake()
 ENV6 = FrozenLake(size=6)
@@ -285,10 +286,14 @@ def test_render_grid_and_coord():
         state, "coord")
     coord = ENV.render_text(state, "coord").split("\n")
     note = FrozenLake(observation_format="coord").observation_note()
-    assert note.startswith("Board size: 4 rows x 4 cols") and "(3, 3)" in note
-    assert "(5, 5)" not in note and ENV.observation_note() == ""  # the grid needs no note
-    assert coord == ["Start: (0, 0)", "Goal: (3, 3)", "Player: (1, 2)",
-                         "Holes: (0, 3), (2, 1)"]
+    assert note.endswith("to (3, 3) at the bottom right.") and "(5, 5)" not in note
+    assert ENV.observation_note() == "" == FrozenLake(observation_format="grid_coord").observation_note()
+    assert coord == ["Board size: 4 rows x 4 cols (zero-indexed).", "Start: (0, 0)",
+                     "Goal: (3, 3)", "Player: (1, 2)", "Holes: (0, 3), (2, 1)"]
+    no_holes = state.replace(holes=np.zeros((4, 4), bool))
+    assert ENV.render_text(no_holes, "coord").split("\n")[-1] == "Player: (1, 2)"  # no Holes line
+    assert FrozenLake(observation_format="grid_coord").render_text(state) == (
+        "Coordinates: \n" + "\n".join(coord) + "\nGrid Map: \n___O\n__P_\n_O__\n___G")
     in_hole = state.replace(player=np.array([2, 1]))
     assert ENV.render_text(in_hole) == "___O\n____\n_X__\n___G"
     assert "Player in hole: (2, 1)" in ENV.render_text(in_hole, "coord")
@@ -306,7 +311,60 @@ def test_render_matches_get_obs_and_board_size(maps6):
     for i in range(20):
         one = jax.tree.map(lambda x, i=i: np.asarray(x[i]), states)
         assert ENV6.render_text(one).split("\n") == symbols(obs[i])
-    assert "6 rows x 6 cols" in FrozenLake(size=6, observation_format="coord").observation_note()
+    assert "to (5, 5) at the bottom right" in FrozenLake(size=6, observation_format="coord").observation_note()
+
+
+# RAGEN's FrozenLakeEnv._render_text and its utils' coordinate lines (ragen/env/frozen_lake/),
+# written out on gymnasium's map: desc, bytes S start, F frozen, H hole, G goal.
+RAGEN_MAP_LOOKUP = {b"P": 0, b"F": 1, b"H": 2, b"G": 3}
+RAGEN_GRID_LOOKUP = {0: "P", 1: "_", 2: "O", 3: "G", 4: "X", 5: "√"}
+RAGEN_COORD_LABELS = [("start", "Start"), ("goal", "Goal"), ("player", "Player"),
+                      ("player_on_goal", "Player on goal"), ("player_in_hole", "Player in hole"),
+                      ("holes", "Holes")]
+
+
+def ragen_frozenlake_text(desc: np.ndarray, player: tuple[int, int], fmt: str) -> str:
+    if fmt == "grid":
+        room = np.where(desc == b"S", b"F", desc)
+        room[player] = b"P"
+        room = np.vectorize(lambda x: RAGEN_MAP_LOOKUP[x])(room)
+        room[player] = 4 if desc[player] == b"H" else 5 if desc[player] == b"G" else 0
+        return "\n".join("".join(RAGEN_GRID_LOOKUP.get(c, "?") for c in row) for row in room)
+    if fmt == "grid_coord":
+        return ("Coordinates: \n" + ragen_frozenlake_text(desc, player, "coord") + "\n"
+                + "Grid Map: \n" + ragen_frozenlake_text(desc, player, "grid"))
+    coords = {}
+    for key, tile in (("start", b"S"), ("goal", b"G"), ("holes", b"H")):
+        found = [(int(r), int(c)) for r, c in np.argwhere(desc == tile)]
+        if found:
+            coords[key] = found
+    tile = desc[player]
+    coords["player_on_goal" if tile == b"G" else "player_in_hole" if tile == b"H" else "player"] = [player]
+    return format_coordinate_render(coords, desc.shape, RAGEN_COORD_LABELS)
+
+
+@pytest.mark.parametrize("size", [4, 6])
+def test_text_is_ragens(size, maps4, maps6):
+    """Every format on random maps (some without holes), the player on the start, the goal,
+    a hole and a random cell, against RAGEN's rules above."""
+    env = ENV if size == 4 else ENV6
+    _, states = maps4[1] if size == 4 else maps6
+    host = jax.device_get(states)
+    rng = np.random.default_rng(size)
+    without_holes = 0
+    for i in range(40):
+        holes, start, goal, _ = as_map(host, i)
+        desc = np.where(np.asarray(holes), b"H", b"F").astype("S1")
+        desc[start], desc[goal] = b"S", b"G"
+        hole_cells = [tuple(int(v) for v in h) for h in np.argwhere(np.asarray(holes))]
+        without_holes += not hole_cells
+        cells = [start, goal, tuple(int(v) for v in rng.integers(0, size, 2)), *hole_cells[:1]]
+        for player in cells:
+            state = EnvState(holes=np.asarray(holes), start=np.array(start), goal=np.array(goal),
+                             player=np.array(player), time=np.int32(0))
+            for fmt in ("grid", "coord", "grid_coord"):
+                assert env.render_text(state, fmt) == ragen_frozenlake_text(desc, player, fmt)
+    assert size == 6 or without_holes > 0  # 4x4 at p=0.9: about one map in five
 
 
 def test_spaces_contain_reset_and_step_outputs():

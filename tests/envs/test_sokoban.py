@@ -19,7 +19,8 @@ from ragen_jax.envs.sokoban.generator import (
     topology_from_draws,
 )
 from ragen_jax.envs.sokoban.solver import solve
-from ragen_jax.envs.sokoban.types import TARGET
+from ragen_jax.envs.sokoban.types import TARGET, EnvState
+from tests.envs.ragen_text import format_coordinate_render
 
 MOVES = [(-1, 0), (1, 0), (0, -1), (0, 1)]
 
@@ -369,6 +370,56 @@ def test_render_formats():
     alt = Sokoban(grid_vocab="alt").render_text(state)
     assert alt == grid.translate(str.maketrans("#_O√XPS", "W.GCBA@"))
     assert env.symbol_legend().startswith("#: wall, _: empty, O: target")
+
+
+# RAGEN's SokobanEnv._render_text and its utils' coordinate lines (ragen/env/sokoban/), written
+# out on gym-sokoban's arrays: room_fixed (0 wall, 1 floor, 2 target) and room_state (3 box on
+# target, 4 box, 5 the player, on a target too).
+RAGEN_GRID_LOOKUP = {0: "#", 1: "_", 2: "O", 3: "√", 4: "X", 5: "P", 6: "S"}
+RAGEN_COORD_LABELS = [("walls", "Walls"), ("targets", "Targets"), ("boxes", "Boxes"),
+                      ("boxes_on_target", "Boxes on target"), ("player", "Player"),
+                      ("player_on_target", "Player on target")]
+
+
+def ragen_sokoban_text(room_fixed: np.ndarray, room_state: np.ndarray, fmt: str) -> str:
+    if fmt == "grid":
+        room = np.where((room_state == 5) & (room_fixed == 2), 6, room_state)
+        return "\n".join("".join(RAGEN_GRID_LOOKUP.get(c, "?") for c in row) for row in room.tolist())
+    if fmt == "grid_coord":
+        return ("Coordinates: \n" + ragen_sokoban_text(room_fixed, room_state, "coord") + "\n"
+                + "Grid Map: \n" + ragen_sokoban_text(room_fixed, room_state, "grid"))
+    cells = {"targets": [tuple(p) for p in np.argwhere(room_fixed == 2)],  # walls: not rendered
+             "boxes_on_target": [tuple(p) for p in np.argwhere(room_state == 3)],
+             "boxes": [tuple(p) for p in np.argwhere(room_state == 4)]}
+    players = [(int(r), int(c)) for r, c in np.argwhere(room_state == 5)]
+    cells["player"] = [p for p in players if room_fixed[p] != 2]
+    cells["player_on_target"] = [p for p in players if room_fixed[p] == 2]
+    return format_coordinate_render(cells, room_fixed.shape, RAGEN_COORD_LABELS)
+
+
+@pytest.mark.parametrize("env", [ENV, ENV8], ids=["6x6-1box", "8x8-2boxes"])
+def test_text_is_ragens(env):
+    """Every format on random rooms with boxes and player placed at random (on and off
+    targets, so every line of the coordinates shows up), against RAGEN's rules above."""
+    _, states = BATCHED_RESET[env](jax.random.split(jax.random.key(5), 64), env.default_params)
+    host = jax.device_get(states)
+    rng = np.random.default_rng(0)
+    seen = set()
+    for i in range(12):
+        fixed = np.asarray(host.room_fixed[i])
+        for _ in range(4):
+            free = np.argwhere(fixed != 0)
+            picks = free[rng.choice(len(free), env.num_boxes + 1, replace=False)]
+            boxes = np.zeros(fixed.shape, bool)
+            boxes[tuple(picks[1:].T)] = True
+            player = picks[0]
+            state = EnvState(fixed, boxes, player.astype(np.int32), np.int32(0), np.int32(0))
+            room_state = np.where(boxes, np.where(fixed == 2, 3, 4), fixed)  # gym-sokoban's
+            room_state[tuple(player)] = 5
+            for fmt in ("grid", "coord", "grid_coord"):
+                assert env.render_text(state, fmt) == ragen_sokoban_text(fixed, room_state, fmt)
+            seen |= {line.split(":")[0] for line in env.render_text(state, "coord").split("\n")[1:]}
+    assert seen == {"Targets", "Boxes", "Boxes on target", "Player", "Player on target"}
 
 
 def test_bad_params_name_the_field():

@@ -40,12 +40,77 @@ def test_system_message_states_true_per_turn_limit():
     assert "meaning of each symbol" not in system_message(coord, coord.action_names, CFG)
     fl, _ = make("frozenlake")
     assert "O: hole, G: goal" in system_message(fl, fl.action_names, CFG)
-    fl_coord, _ = make("frozenlake", observation_format="coord")  # the board is said once
+    fl_coord, _ = make("frozenlake", observation_format="coord")  # which way coordinates run
     text = system_message(fl_coord, fl_coord.action_names, CFG)
-    assert "like <answer>Left || Up</answer>\nBoard size: 4 rows x 4 cols;" in text
-    assert "O: hole" not in text and "Board size" not in system_message(fl, fl.action_names, CFG)
+    assert "like <answer>Left || Up</answer>\nCoordinates are (row, col), from (0, 0)" in text
+    assert "O: hole" not in text and "Coordinates are" not in system_message(fl, fl.action_names, CFG)
     custom = system_message(env, env.action_names, dataclasses.replace(RolloutConfig().context, env_instruction='Push.'))
     assert custom.startswith("You're a helpful assistant. Push.\n")
+
+
+# RAGEN V2's config/envs.yaml env_instruction blocks (mll-lab-nu/RAGEN 20daedc), line by line
+# as the YAML holds them, trailing spaces included.
+RAGEN_INSTRUCTION_LINES = {
+    "SimpleSokoban": [
+        "You are solving the Sokoban puzzle. ",
+        "You are the player and you need to push all boxes to targets. ",
+        "When you are right next to a box, you can push it by moving in the same direction. ",
+        "You cannot push a box through a wall, and you cannot pull a box. ",
+        "The answer should be a sequence of actions, like <answer>Right || Right || Up</answer>",
+    ],
+    "CoordSokoban": [
+        "You are solving the Sokoban puzzle. You are the player and you need to push all boxes to targets.",
+        "You are provided with a symbol grid and the zero-indexed coordinates of the player, each box, and each target. ",
+        "Coordinates range from the top-left corner (0, 0) to the bottom-right corner (5, 5). ",
+        "When you are exactly next to a box, you can push it by moving in the same direction. ",
+        "You cannot push a box through a wall, and you cannot pull a box.",
+        "The answer should be a sequence of actions, like <answer>Right || Right || Up</answer>.",
+    ],
+    "CoordFrozenLake": [
+        "You are solving the FrozenLake puzzle. The observation includes both a symbol grid and zero-indexed coordinates for the start, goal, player, and any holes.",
+        "Coordinates range from the top-left corner (0, 0) to the bottom-right corner (5, 5).",
+        "Beware that the ice is slippery, so the agent might slide and end up in an unintended tile.",
+        "Respond with a sequence of actions such as <answer>Left || Up || Up</answer>.",
+    ],
+}
+# The env config dataclasses' defaults RAGEN's system message reads (grid_vocab, action_lookup).
+RAGEN_VOCAB = {
+    "sokoban": ({"#": "wall", "_": "empty", "O": "target", "√": "box on target", "X": "box",
+                 "P": "player", "S": "player on target"}, ["Up", "Down", "Left", "Right"]),
+    "frozenlake": ({"P": "player", "_": "empty", "O": "hole", "G": "goal",
+                    "X": "player in hole", "√": "player on goal"}, ["Left", "Down", "Right", "Up"]),
+}
+
+
+def ragen_system_message(tag: str, env: str, max_actions_per_traj: int = 10) -> str:
+    """RAGEN's ContextManager._init_prefix_lookup and _build_system_content: the instruction (a
+    YAML literal block: its lines joined by newlines, one final newline), the legend (the
+    top-level observation_format it checks is the dataclass default "grid"), the actions."""
+    vocab, actions = RAGEN_VOCAB[env]
+    text = "\n".join(RAGEN_INSTRUCTION_LINES[tag]) + "\n"
+    text += "\nThe meaning of each symbol in the state is:\n" + ", ".join(f"{k}: {v}" for k, v in vocab.items())
+    text += "\nYour available actions are:\n" + ", ".join(actions)
+    text += f"\nYou can make up to {max_actions_per_traj} actions, separated by the action separator \" || \"\n"
+    return "You're a helpful assistant. " + text
+
+
+@pytest.mark.parametrize("tag,env,kwargs,corner", [
+    ("SimpleSokoban", "sokoban", {}, None),
+    ("SimpleSokoban", "sokoban", {"dim_room": (8, 8), "num_boxes": 2, "search_depth": 10}, None),  # LargerSokoban
+    ("CoordSokoban", "sokoban", {"observation_format": "grid_coord"}, None),
+    ("CoordSokoban", "sokoban", {"observation_format": "grid_coord", "dim_room": (7, 8)}, "(6, 7)"),
+    ("CoordFrozenLake", "frozenlake", {"observation_format": "grid_coord"}, "(3, 3)"),
+    ("CoordFrozenLake", "frozenlake", {"observation_format": "grid_coord", "size": 6}, None),
+])
+def test_system_message_is_ragens(tag, env, kwargs, corner):
+    """RAGEN's system message, but for the two documented differences: the true per-turn action
+    limit, and the Coord instructions' corner (RAGEN's (5, 5)) where the board is not 6x6."""
+    e, _ = make(env, **kwargs)
+    ragen = ragen_system_message(tag, env)
+    ours = ragen.replace("up to 10 actions,", "up to 2 actions per turn,")
+    if corner:
+        ours = ours.replace("corner (5, 5)", f"corner {corner}")
+    assert system_message(e, e.action_names, CFG) == ours
 
 
 def test_system_template_replaces_the_system_message():
@@ -123,6 +188,41 @@ def test_parse_valid_and_budget():
     nothink = dataclasses.replace(RolloutConfig().context, enable_think=False)
     p = parse_response("<answer>Right</answer>", NAMES, nothink)
     assert p.action_ids == [3] and not p.format_error
+
+
+def ragen_parse_think_off(text: str, max_actions: int = 2) -> list[str]:
+    """RAGEN's ContextManager._parse_response with enable_think=False: the first
+    <answer>..</answer> anywhere, its special tags stripped, split on "||"."""
+    import re
+
+    match = re.search(r"<answer>(.*?)</answer>", text, re.DOTALL)
+    if not match:
+        return []
+    content = match.group(1)
+    for tag in ["<think>", "</think>", "<answer>", "</answer>", "<|im_start|>", "<|im_end|>"]:
+        content = content.replace(tag, "").strip()
+    return [a.strip() for a in content.split("||") if a.strip()][:max_actions]
+
+
+@pytest.mark.parametrize("text", [
+    "<answer>Up</answer><think>",  # a stray think tag after the answer
+    "<answer>Up || Left</answer>\n<think>next I will go down</think>",
+    "<think>plan</think><answer>Down</answer>",  # a think block before (no prefilled tag)
+    "<answer>Up<think></answer>",  # RAGEN strips tags inside the answer
+    "<answer> Right </answer></think>",
+])
+def test_think_off_accepts_think_tags_as_ragen_does(text):
+    nothink = dataclasses.replace(RolloutConfig().context, enable_think=False)
+    p = parse_response(text, NAMES, nothink)
+    assert not p.format_error, p
+    assert p.actions == ragen_parse_think_off(text)
+    # The answer's own tags stay strict (RAGEN takes the first of two answers).
+    assert parse_response(text + "<answer>Up</answer>", NAMES, nothink).reason == "tags"
+
+
+def test_think_on_keeps_think_tags_in_the_pattern():
+    p = parse_response("<think>a</think><answer>Up</answer><think>", NAMES, CFG)
+    assert p.format_error and p.reason == "tags"
 
 
 @pytest.mark.parametrize("text,reason", [

@@ -40,6 +40,31 @@ SYMBOL_MEANINGS = {WALL: "wall", FLOOR: "empty", TARGET: "target", BOX_ON_TARGET
                    BOX: "box", PLAYER: "player", PLAYER_ON_TARGET: "player on target"}
 OBSERVATION_FORMATS = ("grid", "coord", "grid_coord")
 
+# RAGEN V2's env instructions (``config/envs.yaml``), verbatim: they are YAML block scalars, so
+# each keeps its line breaks, the trailing spaces on its lines and a final newline; the symbol
+# legend that the system message appends next ("\nThe meaning of ...") so follows a blank line.
+# SimpleSokoban's (also LargerSokoban's and SokobanDifferentGridVocab's):
+INSTRUCTION = (
+    "You are solving the Sokoban puzzle. \n"
+    "You are the player and you need to push all boxes to targets. \n"
+    "When you are right next to a box, you can push it by moving in the same direction. \n"
+    "You cannot push a box through a wall, and you cannot pull a box. \n"
+    "The answer should be a sequence of actions, like <answer>Right || Right || Up</answer>\n"
+)
+# CoordSokoban's (``observation_format="grid_coord"``). RAGEN writes the corner (5, 5) of its
+# 6x6 room; here it is this room's bottom-right cell, so a 6x6 room gets RAGEN's text exactly.
+COORD_INSTRUCTION = (
+    "You are solving the Sokoban puzzle. You are the player and you need to push all boxes to "
+    "targets.\n"
+    "You are provided with a symbol grid and the zero-indexed coordinates of the player, each "
+    "box, and each target. \n"
+    "Coordinates range from the top-left corner (0, 0) to the bottom-right corner "
+    "({last_row}, {last_col}). \n"
+    "When you are exactly next to a box, you can push it by moving in the same direction. \n"
+    "You cannot push a box through a wall, and you cannot pull a box.\n"
+    "The answer should be a sequence of actions, like <answer>Right || Right || Up</answer>.\n"
+)
+
 
 class Sokoban(TextEnv[EnvState, EnvParams]):
     """Push every box onto a target. Actions 0-3: Up, Down, Left, Right.
@@ -51,6 +76,10 @@ class Sokoban(TextEnv[EnvState, EnvParams]):
     ``finished_reward`` when all boxes are on targets (terminated). Truncated after
     ``max_steps`` steps. ``info``: ``success`` (all boxes on targets), ``action_is_effective``
     (the player moved).
+
+    Text (host side): ``render_text`` is RAGEN's ``grid``, ``coord`` or ``grid_coord`` state;
+    ``instruction`` and ``symbol_legend`` are what RAGEN's system message says of the env
+    (``rollout.context.system_message`` composes them).
 
     Differences from RAGEN, all deliberate:
 
@@ -72,6 +101,8 @@ class Sokoban(TextEnv[EnvState, EnvParams]):
       whose every try failed is ``fallback_level`` (each box one push from its target), never
       a solved one; ``generate_level`` reports it. RAGEN retries from Python's per-process
       salted ``hash``.
+    - CoordSokoban's instruction names this room's bottom-right corner; RAGEN's always says
+      (5, 5), which is its 6x6 room's (the same text there).
     - The observation for the agent is built host side by ``render_text``; ``get_obs``
       returns the RAGEN ``room_state`` codes (plus 6 = player on target) as a device array
       for non-LLM agents.
@@ -246,6 +277,15 @@ class Sokoban(TextEnv[EnvState, EnvParams]):
             return ("Coordinates: \n" + _coord_text(codes, np.asarray(state.room_fixed))
                     + "\nGrid Map: \n" + self.render_text(state, "grid"))
         raise ValueError(f"sokoban: unknown observation_format {fmt!r}")
+
+    @property
+    def instruction(self) -> str:
+        """The env instruction of RAGEN's tag for this text: CoordSokoban's for ``grid_coord``,
+        SimpleSokoban's for ``grid`` and ``coord`` (RAGEN has no ``coord``-only tag)."""
+        if self.observation_format == "grid_coord":
+            height, width = self.dim_room
+            return COORD_INSTRUCTION.format(last_row=height - 1, last_col=width - 1)
+        return INSTRUCTION
 
     def symbol_legend(self) -> str:
         """``"#: wall, _: empty, ..."``, for the system prompt in grid formats."""
