@@ -68,8 +68,9 @@ from ragen_jax.starpo.token_scores import MAX_CHUNK_LOGITS
 
 GIB = 2**30
 HOST_BYTES_PER_TOKEN = 16  # int32 ids, attention and loss masks, positions, float32 log-probs
-# A turn table's cell: float32 reward, uint64 anchor id, bool played, the id's two uint32 lanes.
-TURN_TABLE_BYTES = 21
+# A turn table's cell: float32 reward and penalty, uint64 anchor id, bool played, the id's two
+# uint32 lanes.
+TURN_TABLE_BYTES = 25
 # A typical row's prompt, in round figures: the system message and first state (~200 tokens
 # in the tiny Bandit run's trajectories), then per turn its state, warning and budget line.
 PROMPT_TOKENS = 256

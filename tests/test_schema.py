@@ -127,6 +127,8 @@ def test_update_settings_take_their_defaults_from_the_schema():
     ("warmstart", "turns.solver_share", 2.0, "warmstart.turns.solver_share must be None or in [0, 1], got 2.0"),
     ("algorithm", "gigpo_gamma", 1.5, "algorithm.gigpo_gamma must be in [0, 1], got 1.5"),
     ("algorithm", "gigpo_similarity", 0.0, "algorithm.gigpo_similarity must be in (0, 1], got 0.0"),
+    ("algorithm", "gigpo_episode_stats", "step", "algorithm.gigpo_episode_stats must be one of ('episode', 'turn'), got 'step'"),
+    ("algorithm", "gigpo_penalty", "verl", "algorithm.gigpo_penalty must be one of ('discounted', 'own_turn'), got 'verl'"),
 ])
 def test_bad_values_name_the_field(section, field, value, message):
     c = to_config_dict().to_dict()  # a config file or config.json can hold any type

@@ -121,11 +121,14 @@ def resolve(run: RunConfig) -> Resolved:
         estimator=a.adv_estimator, gamma=a.gamma, lam=a.lam, norm_adv_by_std=a.norm_adv_by_std,
         bi_level_gae=a.bi_level_gae, high_level_gamma=a.high_level_gamma,
         num_groups=run.rollout.env_groups, step_gamma=a.gigpo_gamma,
-        step_weight=a.gigpo_step_weight)
+        step_weight=a.gigpo_step_weight, episode_stats=a.gigpo_episode_stats,
+        penalty=a.gigpo_penalty)
     if a.adv_estimator == "gigpo":
         notes.append(f"GiGPO: episode advantage + {a.gigpo_step_weight:g} x step advantage "
                      f"(step returns discounted by {a.gigpo_gamma:g} per turn; "
                      + ("/ group std" if a.norm_adv_by_std else "no std division")
+                     + f"; episode statistics once per {a.gigpo_episode_stats}; penalty "
+                     + ("on its own turn" if a.gigpo_penalty == "own_turn" else "discounted")
                      + "; anchors: exact JAX states, host observation texts"
                      + (f" at similarity >= {a.gigpo_similarity:g})" if a.gigpo_similarity < 1
                         else ")"))

@@ -32,7 +32,8 @@ from ragen_jax.metrics import NO_OP_SINKS, SINKS
 from ragen_jax.models.attention import ATTENTION_IMPLS
 from ragen_jax.models.qwen_config import REMAT_POLICIES
 from ragen_jax.rollout.config import RolloutConfig
-from ragen_jax.starpo.estimators import ESTIMATORS
+from ragen_jax.starpo.advantages import GIGPO_EPISODE_STATS
+from ragen_jax.starpo.estimators import ESTIMATORS, GIGPO_PENALTIES
 from ragen_jax.starpo.filtering import FilterConfig
 from ragen_jax.starpo.normalization import GROUPINGS, METHODS
 from ragen_jax.starpo.update import SAMPLE_UNITS
@@ -214,6 +215,8 @@ class AlgorithmConfig:
     gigpo_gamma: float = 0.95  # GiGPO: discount of each turn's step return over its episode's later turns (the paper's and ROLL's 0.95)
     gigpo_step_weight: float = 1.0  # GiGPO: weight of the step advantage added to the episode advantage (verl-agent: step_advantage_w 1)
     gigpo_similarity: float = 1.0  # GiGPO: a host env's turns whose observation texts are at least this similar (difflib ratio) share an anchor state; 1 = equal texts (verl-agent: enable_similarity False, else similarity_thresh 0.95). JAX envs compare exact states
+    gigpo_episode_stats: str = "episode"  # GiGPO: the episode advantage's group mean and std count each episode once: episode | once per turn it played, so longer episodes weigh more: turn (verl-agent's default, compute_mean_std_cross_steps=True)
+    gigpo_penalty: str = "discounted"  # GiGPO: a turn's format penalty is part of its score, discounted into the earlier turns' step returns and summed into the episode score: discounted | subtracted from that turn's step return and episode score alone, undiscounted: own_turn (verl-agent's invalid-action penalty; exact with reward_norm_method=identity)
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
     clip_low: float = 0.2  # PPO ratio clip below (RAGEN: 0.2)
     clip_high: float = 0.28  # PPO ratio clip above, clip-higher (RAGEN: 0.28)
@@ -230,6 +233,8 @@ class AlgorithmConfig:
         choice("algorithm.sample_unit", self.sample_unit, SAMPLE_UNITS)
         choice("algorithm.reward_norm_grouping", self.reward_norm_grouping, GROUPINGS)
         choice("algorithm.reward_norm_method", self.reward_norm_method, METHODS)
+        choice("algorithm.gigpo_episode_stats", self.gigpo_episode_stats, GIGPO_EPISODE_STATS)
+        choice("algorithm.gigpo_penalty", self.gigpo_penalty, GIGPO_PENALTIES)
         if self.bi_level_gae and self.adv_estimator != "gae":
             raise ConfigError("algorithm.bi_level_gae needs algorithm.adv_estimator=gae")
         if self.kl_coef < 0 or self.entropy_coeff < 0:

@@ -30,13 +30,14 @@ def turn_table(episodes: Sequence[Episode], group_ids: np.ndarray, turns: int,
                similarity: float = 1.0) -> TurnTable:
     """The table of ``episodes`` (group ``group_ids[b]``) at width ``turns`` (at least every
     episode's turn count), as host arrays: turn ``t`` of episode ``b`` at ``[b, t - 1]``, its
-    score (env reward + penalty; 0 after the last turn) and its anchor id as hash lanes;
+    score (env reward + penalty; 0 after the last turn), its penalty and its anchor id as hash lanes;
     ``similarity`` as in the module docstring (1: exact ids)."""
     n = len(episodes)
     most = max((len(ep.turns) for ep in episodes), default=0)
     if most > turns:
         raise ValueError(f"an episode played {most} turns, more than the table's {turns}")
     rewards = np.zeros((n, turns), np.float32)
+    penalties = np.zeros((n, turns), np.float32)
     ids = np.zeros((n, turns), np.uint64)
     played = np.zeros((n, turns), bool)
     for b, ep in enumerate(episodes):
@@ -45,12 +46,13 @@ def turn_table(episodes: Sequence[Episode], group_ids: np.ndarray, turns: int,
             raise ValueError("the rollout recorded no anchor states (AgentRollout(..., "
                              "record_anchors=True))")
         rewards[b, :k] = [t.get("reward", 0.0) + t.get("penalty", 0.0) for t in ep.turns]
+        penalties[b, :k] = [t.get("penalty", 0.0) for t in ep.turns]
         ids[b, :k] = [t["anchor"] for t in ep.turns]
         played[b, :k] = True
     if similarity < 1.0:
         _cluster_similar(episodes, np.asarray(group_ids), ids, similarity)
     lanes = np.stack([ids >> np.uint64(32), ids & np.uint64(0xFFFFFFFF)], -1).astype(np.uint32)
-    return TurnTable(rewards, lanes, played)
+    return TurnTable(rewards, penalties, lanes, played)
 
 
 def _cluster_similar(episodes: Sequence[Episode], group_ids: np.ndarray, ids: np.ndarray,

@@ -34,6 +34,8 @@ class AdvantageSettings:
     num_groups: int  # groups of the whole (global) batch, for the group estimators
     step_gamma: float  # GiGPO: discount of the step returns over turns
     step_weight: float  # GiGPO: weight of the step advantage
+    episode_stats: str  # GiGPO: what the episode part's statistics count (advantages.gigpo)
+    penalty: str  # GiGPO: "discounted" (in the turn's score) | "own_turn" (verl-agent's placement)
 
 
 @flax.struct.dataclass
@@ -41,7 +43,8 @@ class TurnTable:
     """Every row's turns (``starpo.anchors.turn_table`` builds it on the host), for the
     per-turn estimators."""
 
-    rewards: jax.Array  # [B, T] float32, each turn's score, 0 after the last
+    rewards: jax.Array  # [B, T] float32, each turn's score (reward + penalty), 0 after the last
+    penalties: jax.Array  # [B, T] float32, each turn's penalty (in ``rewards`` too), 0 after the last
     anchors: jax.Array  # [B, T, 2] uint32, the anchor id of the state each turn acted from
     played: jax.Array  # [B, T] bool
 
@@ -100,7 +103,8 @@ def _gigpo(s: AdvantageSettings, x: AdvantageInputs, values: jax.Array | None):
     t = x.turns
     per_turn = adv_lib.gigpo(x.scores, x.group_ids, s.num_groups, t.rewards, t.anchors,
                              t.played, gamma=s.step_gamma, step_weight=s.step_weight,
-                             norm_by_std=s.norm_adv_by_std)  # [B, T]
+                             norm_by_std=s.norm_adv_by_std, episode_stats=s.episode_stats,
+                             turn_penalties=t.penalties if s.penalty == "own_turn" else None)
     turn = jnp.clip(x.token_turns - 1, 0, per_turn.shape[1] - 1)
     return jnp.take_along_axis(per_turn, turn, 1) * x.loss_mask.astype(jnp.float32), None
 
@@ -117,6 +121,9 @@ ESTIMATORS: dict[str, Estimator] = {
     "gigpo": _gigpo,
 }
 NEEDS_CRITIC = frozenset({"gae"})
+# Where GiGPO puts a turn's penalty (AdvantageSettings.penalty): in the turn's score, or on that
+# turn alone as verl-agent does (advantages.gigpo, turn_penalties).
+GIGPO_PENALTIES = ("discounted", "own_turn")
 NEEDS_TURNS = frozenset({"gigpo"})  # read AdvantageInputs.turns: the rows carry a turn table
 
 

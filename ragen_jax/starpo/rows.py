@@ -343,12 +343,13 @@ def _place(local: StepBatch, table: tuple[np.ndarray, np.ndarray] | None,
                             dist.replicated(every["attention_mask"], mesh))
     if episodes is not None:
         scores, groups, turns = episodes
-        table = {} if turns is None else {"rewards": turns.rewards, "anchors": turns.anchors,
-                                          "played": turns.played}
+        table = {} if turns is None else {"rewards": turns.rewards, "penalties": turns.penalties,
+                                          "anchors": turns.anchors, "played": turns.played}
         every = {name: dist.replicated(x, mesh) for name, x in dist.allgather_rows(
             {"scores": scores, "group_ids": groups} | table).items()}
         episodes = Episodes(every["scores"], every["group_ids"], None if turns is None else
-                            TurnTable(every["rewards"], every["anchors"], every["played"]))
+                            TurnTable(every["rewards"], every["penalties"], every["anchors"],
+                                      every["played"]))
     return jax.tree.map(lambda x: dist.global_rows(x, mesh), local).replace(
         prefixes=prefixes, episodes=episodes)
 

@@ -1,12 +1,24 @@
-"""Advantage estimators against hand-computed values and plain-Python loops."""
+"""Advantage estimators against hand-computed values and plain-Python loops, and every
+estimator's exact 0 for a group (or batch) that scored all the same."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from ragen_jax.envs import levels
 from ragen_jax.starpo import advantages as A
+from ragen_jax.starpo.estimators import (
+    ESTIMATORS,
+    AdvantageInputs,
+    AdvantageSettings,
+    TurnTable,
+    compute_advantages,
+)
 
 
 def reference_gae(r, v, m, gamma, lam):
@@ -127,3 +139,85 @@ def test_reinforce_plus_plus_baseline_hand_values():
     expected = whiten_by_hand([-1, -1, 1, 4, 4, 4])  # s - group mean on each token
     np.testing.assert_allclose(adv[np.asarray(m) > 0], expected, atol=1e-5)
     assert np.all(adv[np.asarray(m) == 0] == 0)
+
+
+# -- equal scores centre to exactly 0 -----------------------------------------------------------
+
+# Estimators that centre each group's scores, and those that whiten over the whole batch (for
+# them a batch that scored all the same is the all-equal case). A new estimator must be put in
+# one of the two.
+GROUP_CENTRED = ("grpo", "drgrpo", "rloo", "reinforce_plus_plus_baseline", "gigpo")
+BATCH_CENTRED = ("gae", "reinforce_plus_plus")
+EQUAL_SIZES = (2, 3, 3)  # groups of at least two (GRPO's group of one keeps its raw score)
+LENGTH, TURNS = 7, 3
+# Values whose float32 group mean is not themselves (3.3: 3.3000002 in a group of three),
+# large ones, and any float32.
+EQUAL_VALUES = st.sampled_from([3.3, 1e4, 0.1, -7.7, 1 / 3, 12345.678]) | st.floats(
+    -1e4, 1e4, width=32)
+_advantages = jax.jit(compute_advantages, static_argnums=0)
+
+
+def equal_inputs(group_values) -> AdvantageInputs:
+    """``EQUAL_SIZES`` groups whose rows all scored ``group_values[g]``: every row a prompt
+    token, then ``TURNS`` turns of two sampled tokens from the same states as its group's
+    other rows, the score on its last turn (and last token)."""
+    groups = np.repeat(np.arange(len(EQUAL_SIZES)), EQUAL_SIZES).astype(np.int32)
+    scores = np.asarray(group_values, np.float32)[groups]
+    b = groups.size
+    token_turns = np.array([0, 1, 1, 2, 2, 3, 3], np.int32)
+    mask = np.broadcast_to(token_turns > 0, (b, LENGTH))
+    ends = np.broadcast_to(np.array([0, 0, 1, 0, 1, 0, 1], np.float32), (b, LENGTH))
+    token_rewards = np.zeros((b, LENGTH), np.float32)
+    token_rewards[:, -1] = scores
+    turn_rewards = np.zeros((b, TURNS), np.float32)
+    turn_rewards[:, -1] = scores
+    ids = np.broadcast_to(np.arange(1, TURNS + 1, dtype=np.uint64), (b, TURNS))
+    anchors = levels.as_lanes(ids.reshape(-1)).reshape(b, TURNS, 2)
+    turns = TurnTable(jnp.asarray(turn_rewards), jnp.zeros((b, TURNS)), jnp.asarray(anchors),
+                      jnp.ones((b, TURNS), bool))
+    return AdvantageInputs(jnp.asarray(token_rewards), jnp.asarray(mask), jnp.asarray(ends),
+                           jnp.asarray(scores), jnp.asarray(groups), turns,
+                           jnp.broadcast_to(jnp.asarray(token_turns), (b, LENGTH)))
+
+
+def equal_settings(estimator: str, norm_by_std: bool, episode_stats: str = "episode",
+                   penalty: str = "discounted") -> AdvantageSettings:
+    return AdvantageSettings(estimator=estimator, gamma=1.0, lam=1.0, norm_adv_by_std=norm_by_std,
+                             bi_level_gae=False, high_level_gamma=0.95,
+                             num_groups=len(EQUAL_SIZES), step_gamma=0.95, step_weight=1.0,
+                             episode_stats=episode_stats, penalty=penalty)
+
+
+EQUAL_CASES = [(e, n, "episode", "discounted") for e in GROUP_CENTRED if e != "gigpo"
+               for n in (True, False)] + [("gigpo", n, stats, penalty) for n in (True, False)
+                                          for stats in A.GIGPO_EPISODE_STATS
+                                          for penalty in ("discounted", "own_turn")]
+
+
+def test_every_estimator_is_classified():
+    assert sorted(GROUP_CENTRED + BATCH_CENTRED) == sorted(ESTIMATORS)
+
+
+@pytest.mark.parametrize("estimator,norm_by_std,stats,penalty", EQUAL_CASES)
+@settings(max_examples=15, deadline=None)
+@given(values=st.lists(EQUAL_VALUES, min_size=len(EQUAL_SIZES), max_size=len(EQUAL_SIZES)))
+def test_a_group_of_equal_scores_gets_exactly_zero(estimator, norm_by_std, stats, penalty,
+                                                   values):
+    """Whatever each group's value, a group whose rows all scored it centres to exactly 0
+    (GiGPO: its episode part, and its step part, the rows' returns being equal too), not
+    the float32 rounding of ``mean / (std + eps)``."""
+    adv, _ = _advantages(equal_settings(estimator, norm_by_std, stats, penalty),
+                         equal_inputs(values))
+    assert not np.asarray(adv).any(), np.abs(np.asarray(adv)).max()
+
+
+@pytest.mark.parametrize("estimator", BATCH_CENTRED)
+@settings(max_examples=15, deadline=None)
+@given(value=EQUAL_VALUES)
+def test_a_batch_of_equal_scores_gets_exactly_zero(estimator, value):
+    """The batch-whitened estimators (GAE here with values 0 and gamma = lam = 1: each
+    token's advantage is its row's score) on a batch that scored all the same."""
+    x = equal_inputs([value] * len(EQUAL_SIZES))
+    values = jnp.zeros_like(x.token_rewards) if estimator == "gae" else None
+    adv, _ = _advantages(equal_settings(estimator, True), x, values)
+    assert not np.asarray(adv).any(), np.abs(np.asarray(adv)).max()

@@ -41,7 +41,8 @@ MOVES = ["Up", "Down", "Left", "Right", "Jump", "Up || Left"]
 def advantage_settings(estimator="grpo"):
     return AdvantageSettings(estimator=estimator, gamma=1.0, lam=1.0, norm_adv_by_std=True,
                              bi_level_gae=False, high_level_gamma=0.95, num_groups=GROUPS,
-                             step_gamma=0.95, step_weight=1.0)
+                             step_gamma=0.95, step_weight=1.0,
+                             episode_stats="episode", penalty="discounted")
 
 
 @pytest.fixture(scope="module")

@@ -52,7 +52,8 @@ def settings(estimator="grpo", critic=False, reference=None, mini=B, recompute=F
                         reference=reference, advantages=AdvantageSettings(
                             estimator=estimator, gamma=1.0, lam=1.0, norm_adv_by_std=True,
                             bi_level_gae=False, high_level_gamma=0.95, num_groups=GROUPS,
-                            step_gamma=0.95, step_weight=1.0),
+                            step_gamma=0.95, step_weight=1.0, episode_stats="episode",
+                            penalty="discounted"),
                         mini_batch_size=mini, epochs=1, recompute_logprobs=recompute,
                         gradient_buckets=3)
 
