@@ -1,5 +1,6 @@
 """Multi-process training on JAX's distributed runtime, on localhost CPU processes: 2 processes
-x 2 simulated devices against 1 process x 4 devices (same losses, metrics and parameters), a
+x 2 simulated devices, the parameters split over both and within each (fsdp x tensor), against
+1 process on 1 device (same losses, metrics and parameters), a
 checkpoint written by 2 processes and resumed by 2 processes, a process that never joins and
 one that dies mid-run (the other exits with a clear error, never hangs; the job whose
 checkpoint is resumed), and an incomplete checkpoint being ignored on resume. Every process runs under a timeout."""
@@ -36,6 +37,12 @@ MICRO = ["--config", str(ROOT / "configs/bandit.py"),
          "--config.rollout.response_length=8",
          "--config.diagnostics.compute_freq=2", "--config.diagnostics.num_samples=8",
          "--config.algorithm.adv_estimator=grpo"]
+
+
+# The 2-process job's mesh: parameters split over both processes (fsdp) and within each
+# (tensor), the batch over both; against one process on one device, so one job shows that
+# the sharded step and the multi-process step are the single-device step.
+SHARDED = ("--config.mesh.data=1", "--config.mesh.fsdp=2", "--config.mesh.tensor=2")
 
 
 def _free_port() -> int:
@@ -95,7 +102,7 @@ def _arrays(run: Path, step: int) -> dict[str, np.ndarray]:
     for item in ("actor", "state"):
         path = run / "checkpoints" / str(step) / item
         ckpt = ocp.StandardCheckpointer()
-        meta = ckpt.metadata(path).item_metadata  # saved on 4 devices; read onto this process's one
+        meta = ckpt.metadata(path).item_metadata  # saved on 4 devices of 2 processes; read onto this process's one
         one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         target = {k: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=one) for k, m in meta.items()}
         out |= {f"{item}/{k}": np.asarray(v) for k, v in ckpt.restore(path, target).items()}
@@ -117,12 +124,12 @@ def test_two_processes_match_one_process_resume_across_processes_and_a_death_end
     to step 2; and every step's metrics and the final parameters equal a 1-process run's."""
     single = tmp_path / "single"
     grads = "--config.diagnostics.gradient_analysis=True"
-    ref = _launch(single, 2, grads, devices=4)
+    ref = _launch(single, 2, grads, devices=1)
     rc, _, err = _wait([ref])[0]
     assert rc == 0, err[-3000:]
 
     multi = tmp_path / "multi"
-    procs = _job(multi, 50, grads, "--config.distributed.heartbeat_timeout_s=5")
+    procs = _job(multi, 50, grads, *SHARDED, "--config.distributed.heartbeat_timeout_s=5")
     deadline = time.monotonic() + TIMEOUT
     while not (multi / "checkpoints" / "1").is_dir():  # written by both processes, complete
         assert procs[0].poll() is None and procs[1].poll() is None, _read(procs[0])[1][-3000:]
@@ -135,7 +142,7 @@ def test_two_processes_match_one_process_resume_across_processes_and_a_death_end
     assert rc != 0 and time.monotonic() - t0 < 90
     assert "another process" in err or "another task died" in err
 
-    second = _wait(_job(multi, 2, grads))  # a restarted job resumes from step 1
+    second = _wait(_job(multi, 2, grads, *SHARDED))  # a restarted job resumes from step 1
     for rc, _, err in second:
         assert rc == 0, err[-3000:]
     assert "resumed from" in second[0][1] and "resumed from" not in second[1][1]

@@ -578,38 +578,6 @@ def test_turn_template_reaches_the_prompt(tmp_path):
     assert context(custom).turn_template == "T{turn} {state} {actions_left}\n"
 
 
-_SHARDED = r"""
-import json, sys
-sys.path.insert(0, {root!r})
-from tests.test_train import micro_config
-from ragen_jax.train import run
-from pathlib import Path
-out = Path({out!r})
-config = micro_config(out, steps=1, extra=("--config.trainer.val_before_train=False",
-                                           "--config.diagnostics.compute_freq=0",
-                                           "--config.mesh.data=2", "--config.mesh.fsdp=2",
-                                           "--config.mesh.tensor=2"))
-run(config)
-"""
-
-
-def test_sharded_run_on_8_devices_matches_one_device(reference_run, tmp_path):
-    """The same first step on a (2, 2, 2) mesh of simulated CPU devices and on one device (the
-    reference run's: its step 1 is the same rollout and update, whatever the run's length,
-    validation and diagnostics; the diagnostics on a mesh: tests/test_distributed.py)."""
-    single, _ = reference_run
-    sharded = tmp_path / "sharded"
-    env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} "
-               "--xla_force_host_platform_device_count=8")
-    r = subprocess.run([sys.executable, "-c", _SHARDED.format(root=str(ROOT), out=str(sharded))],
-                       cwd=ROOT, env=env, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
-    a, b = read_jsonl(single / "metrics.jsonl")[1], read_jsonl(sharded / "metrics.jsonl")[1]
-    for key in ("train/Bandit/score", "train/Bandit/response_length", "actor/pg_loss",
-                "actor/entropy", "actor/grad_norm"):
-        np.testing.assert_allclose(b[key], a[key], rtol=1e-3, atol=1e-5, err_msg=key)
-
-
 def test_warmstart_is_cached_by_its_inputs(tmp_path, monkeypatch):
     import chex
 
