@@ -83,9 +83,8 @@ def paged_attention_xla(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
     j = jnp.arange(t, dtype=jnp.int32)[None, :]
     q_pos = jnp.where(j < counts[:, None], lengths[:, None] - counts[:, None] + j, -1)  # [B, T]
 
-    m = block_table.shape[1]
-    padded = -(-m // chunk_blocks) * chunk_blocks
-    table = jnp.pad(block_table.astype(jnp.int32), ((0, 0), (0, padded - m)))  # [B, M']
+    table = _padded_table(block_table, chunk_blocks)  # [B, M'], whole chunks
+    padded = table.shape[1]
     span = chunk_blocks * p
     scale = 1.0 / math.sqrt(d)
     qg = q.reshape(b, t, kh, g, d).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
@@ -127,8 +126,14 @@ def paged_attention_xla(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
 
 
 def _padded_table(block_table: jax.Array, multiple: int) -> jax.Array:
+    """``block_table [B, M]`` padded with block 0 to a multiple of ``multiple`` columns."""
     m = block_table.shape[1]
     return jnp.pad(block_table.astype(jnp.int32), ((0, 0), (0, -m % multiple)))
+
+
+def _scaled(q: jax.Array) -> jax.Array:
+    """Queries times ``1/sqrt(D)``, which neither Pallas kernel applies."""
+    return (q * (1.0 / math.sqrt(q.shape[-1]))).astype(q.dtype)
 
 
 def paged_decode_attention_pallas_gpu(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
@@ -146,9 +151,8 @@ def paged_decode_attention_pallas_gpu(q: jax.Array, k_pages: jax.Array, v_pages:
     per_block = min(pages_per_compute_block, m)
     splits = max(1, min(k_splits, -(-m // per_block)))
     table = _padded_table(block_table, per_block * splits)
-    scaled = (q * (1.0 / math.sqrt(q.shape[-1]))).astype(q.dtype)
     return gpu_kernel.paged_attention(
-        scaled, k_pages, v_pages, table, lengths.astype(jnp.int32),
+        _scaled(q), k_pages, v_pages, table, lengths.astype(jnp.int32),
         pages_per_compute_block=per_block, k_splits=splits, interpret=interpret,
         mask_value=_MASK_VALUE)
 
@@ -166,10 +170,9 @@ def paged_decode_attention_pallas_tpu(q: jax.Array, k_pages: jax.Array, v_pages:
     per_block = min(pages_per_compute_block, block_table.shape[1])
     table = _padded_table(block_table, per_block)
     lengths = lengths.astype(jnp.int32)
-    scaled = (q * (1.0 / math.sqrt(q.shape[-1]))).astype(q.dtype)
 
     def call():
-        return tpu_kernel(scaled, k_pages, v_pages, lengths, table,
+        return tpu_kernel(_scaled(q), k_pages, v_pages, lengths, table,
                           pages_per_compute_block=per_block, mask_value=_MASK_VALUE)
 
     if interpret:

@@ -230,7 +230,6 @@ class BlockAllocator:
         self.max_blocks_per_row = max_blocks_per_row
         self.refcount = np.zeros(num_blocks, np.int32)  # [N]
         self.table = np.zeros((rows, max_blocks_per_row), np.int32)  # [B, M]
-        self.held = np.zeros(rows, np.int32)  # [B] blocks each row's table holds
         self.lengths = np.zeros(rows, np.int32)  # [B] tokens each row has room for
         self._free = list(range(num_blocks - 1, -1, -1))  # a stack: pop() gives block 0 first
 
@@ -240,6 +239,12 @@ class BlockAllocator:
         """An allocator over the blocks of ``config``'s model that fit in ``gib`` GiB."""
         return cls(blocks_for_budget(gib, config, block_size, dtype), block_size, rows,
                    max_blocks_per_row)
+
+    @property
+    def held(self) -> np.ndarray:
+        """``[B]`` blocks each row's table holds: enough for its ``lengths``, no more (a
+        row only ever gets the blocks its tokens need)."""
+        return -(-self.lengths // self.block_size)
 
     @property
     def free_blocks(self) -> int:
@@ -267,7 +272,6 @@ class BlockAllocator:
         if need > have:
             got = self._take(need - have, f"row {row} growing to {tokens} tokens")
             self.table[row, have:need] = got
-            self.held[row] = need
         self.lengths[row] = max(int(self.lengths[row]), tokens)
 
     def release(self, row: int) -> None:
@@ -278,7 +282,6 @@ class BlockAllocator:
             if self.refcount[block] == 0:
                 self._free.append(int(block))
         self.table[row] = 0
-        self.held[row] = 0
         self.lengths[row] = 0
 
     def fork(self, src: int, dsts: list[int]) -> list[tuple[int, int]]:
@@ -299,11 +302,9 @@ class BlockAllocator:
         for dst in dsts:
             self.table[dst, :full] = shared
             self.refcount[shared] += 1
-            self.held[dst] = full
             if partial:
                 (block,) = self._take(1, f"row {dst}")
                 self.table[dst, full] = block
-                self.held[dst] = full + 1
                 copies.append((int(self.table[src, full]), block))
             self.lengths[dst] = length
         return copies
