@@ -74,7 +74,13 @@ from ragen_jax.starpo.anchors import anchored_turns, turn_table
 from ragen_jax.starpo.estimators import NEEDS_TURNS
 from ragen_jax.starpo.filtering import ENTROPY_METRICS, filter_groups, trajectory_entropies
 from ragen_jax.starpo.normalization import normalize_batch
-from ragen_jax.starpo.rows import RowSettings, build_step_batch, calibrate_widths, gather_episodes
+from ragen_jax.starpo.rows import (
+    RowSettings,
+    build_step_batch,
+    calibrate_widths,
+    gather_episodes,
+    most_rows,
+)
 from ragen_jax.starpo.update import make_update
 from ragen_jax.viewer import render_html
 from ragen_jax.warmstart import WarmStart
@@ -151,6 +157,12 @@ class Trainer:
             long_rows_apart=run.actor.long_rows_apart and self.mesh.size == 1)
         # GiGPO's turn table is as wide as the run's most turns: one shape for every step.
         self.max_turns = max(self.plan.rollout_for(spec).max_turn for spec in self.plan.envs)
+        # The update is compiled for the most rows a step can have (every episode, or every
+        # turn of episodes that play the most turns): a filter, include_zero=False or an env
+        # error leaves padding rows that the update skips, never a program of its own.
+        episodes = run.rollout.env_groups * run.rollout.group_size // jax.process_count()
+        turns = self.max_turns if run.algorithm.sample_unit == "turn" else 1
+        self.marks.fit("update/rows", most_rows(episodes * turns, self.row_settings, self.mesh))
         self._init_state()
         # RAGEN computes the collapse diagnostics in the full context window only; a windowed
         # run's first turn saw its transcript's first prompt, so its first-turn pairs are kept.
@@ -235,7 +247,8 @@ class Trainer:
         metrics |= gradient_analysis.report(fetched, bucket_std) if analyse else {}
         metrics |= {k: v for k, v in fetched.items() if not k.startswith("grad_analysis/")}
         self._refresh_policy()
-        return metrics | {"train/batch_size": float(rows.input_ids.shape[0])} | timings
+        live = int(rows.live_mini_batches.addressable_data(0)) * self.run.actor.ppo_mini_batch_size
+        return metrics | {"train/batch_size": float(live)} | timings
 
     def _refresh_policy(self) -> None:
         """The sampler's copy of the actor follows the trained variables."""

@@ -209,7 +209,8 @@ def cache_inputs(run: RunConfig, rollout: RolloutConfig, seed: int, vocab: dict[
     ``group_size``), context window and score placement (the data is the whole transcript:
     ``tests/test_sft.py`` checks it is the same), validation settings (only through the
     held-out levels, which are in), the sampler's memory layout (``sampler.share_prompt_cache``,
-    ``sampler.cache_multiple``) and ``warmstart.cache`` itself.
+    ``sampler.cache_multiple``, ``sampler.paged``, ``sampler.kv_blocks``,
+    ``sampler.kv_block_size``) and ``warmstart.cache`` itself.
 
     Version 1 keys (a ``repr`` of the rollout settings) name other folders: a prior cached
     under one is not found and is simply built again under this key."""

@@ -102,7 +102,10 @@ def test_a_multi_turn_run_compiles_nothing_after_its_first_cycle(tmp_path):
     validation); no later step compiles. Without the shape marks (ragen_jax.shapes) the
     sampler's first-turn bucket, the update's width and the diagnostics' inputs compiled
     again at later steps (at steps 3 and 4 of this run with 16 episodes a step; at 12 steps
-    with both every 5, at steps 4 and 11)."""
+    with both every 5, at steps 4 and 11). The rollout filter keeps half the groups' length
+    (``top_p`` 0.5 of the ``length`` metric), in mini-batches of 2 rows: a step trains on
+    fewer rows than the batch, in the update compiled once for the whole batch (the row
+    count's mark, ``rows.arrange_rows``)."""
     from ragen_jax.config.loading import load_config
     from ragen_jax.train import run
 
@@ -119,7 +122,9 @@ def test_a_multi_turn_run_compiles_nothing_after_its_first_cycle(tmp_path):
         "--config.warmstart.cache=False", "--config.warmstart.solver_share=0",
         "--config.rollout.sampling.stop_strings=('</answer>',)", "--config.rollout.env_groups=4",
         "--config.rollout.group_size=2", "--config.rollout.val.env_groups=8",
-        "--config.actor.ppo_mini_batch_size=8",
+        "--config.actor.ppo_mini_batch_size=2", "--config.actor.micro_batches=2",
+        "--config.filter.value=0.5",
+        "--config.filter.metric=length",
         "--config.diagnostics.num_samples=8", "--config.diagnostics.trajectory_samples=8"])
     summary = run(config)
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
@@ -130,6 +135,11 @@ def test_a_multi_turn_run_compiles_nothing_after_its_first_cycle(tmp_path):
     # the answers' lengths did vary
     lengths = [metrics[s]["train/FrozenLake/response_length"] for s in range(1, 5)]
     assert len(set(np.round(lengths, 3))) > 1, lengths
+    # the filter left fewer rows than the batch's 8: every update trained on padding rows
+    # too, in the program compiled for 8 (that another count shares it:
+    # tests/starpo/test_static_rows.py)
+    rows = [metrics[s]["train/batch_size"] for s in range(1, 5)]
+    assert max(rows) < 8, rows
     json.dumps(summary)  # the summary stays plain data
 
 

@@ -102,7 +102,8 @@ def test_export_eval_and_resume_after_the_folder_moved(trained, tmp_path):
     from ragen_jax.config.loading import load_run_config
     from ragen_jax.export import main as export_main
     from ragen_jax.policy import load_policy
-    from ragen_jax.rollout.sampler import Sampler, SamplingParams
+    from ragen_jax.rollout.sampler import Sampler
+    from ragen_jax.rollout.sampling import SamplingParams
     from ragen_jax.train import run
 
     model_path, out = trained

@@ -460,7 +460,8 @@ def test_export_loads_in_transformers_with_the_same_greedy_actions(reference_run
     from ragen_jax.export import export
     from ragen_jax.policy import load_policy
     from ragen_jax.rollout.context import ChatFormat
-    from ragen_jax.rollout.sampler import Sampler, SamplingParams
+    from ragen_jax.rollout.sampler import Sampler
+    from ragen_jax.rollout.sampling import SamplingParams
 
     run_dir, _ = reference_run
     hf_dir = export(run_dir, tmp_path / "hf")

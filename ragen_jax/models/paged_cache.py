@@ -274,6 +274,20 @@ class BlockAllocator:
             self.table[row, have:need] = got
         self.lengths[row] = max(int(self.lengths[row]), tokens)
 
+    def trim(self, row: int, tokens: int) -> None:
+        """Cuts ``row`` to the blocks ``tokens`` tokens need (it holds at least that many),
+        giving back those it was given room in and did not fill (an answer shorter than its
+        budget)."""
+        need, have = self.blocks_needed(tokens), int(self.held[row])
+        if tokens > self.lengths[row]:
+            raise ValueError(f"row {row} has room for {self.lengths[row]} tokens, not {tokens}")
+        for block in self.table[row, need:have][::-1]:
+            self.refcount[block] -= 1
+            if self.refcount[block] == 0:
+                self._free.append(int(block))
+        self.table[row, need:have] = 0
+        self.lengths[row] = tokens
+
     def release(self, row: int) -> None:
         """Ends ``row``'s episode: its blocks are dropped (freed once no row holds them), its
         table zeroed and its length 0."""

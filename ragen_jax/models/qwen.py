@@ -58,6 +58,8 @@ from ragen_jax.models.attention import (
     mask_causal,
 )
 from ragen_jax.models.kv_cache import KVCache, write_cache
+from ragen_jax.models.paged_attention import paged_attention_xla, paged_decode_attention
+from ragen_jax.models.paged_cache import PagedKVCache
 from ragen_jax.models.qwen_config import REMAT_POLICIES, QwenConfig
 from ragen_jax.models.stacking import layer_at, stack_layers
 
@@ -270,6 +272,28 @@ class Qwen2Attention(nnx.Module):
         return self._attend(q, k, v, attn_mask, blocks, group_prefix), layer_cache
 
 
+    def decode_paged(self, x, positions, counts, cache: PagedKVCache, layer: int,
+                     impl: str = "auto"):
+        """``decode`` over a paged cache: x [B, T, E] right-padded (``counts [B]`` real
+        tokens per row, at positions ``cache.lengths[b] + j``), written into layer ``layer``'s
+        blocks, then attending to what each row holds (``paged_attention``) -> (out [B, T, E],
+        the cache with this layer written; lengths advance after the last layer)."""
+        c = self.config
+        b, t, _ = x.shape
+        inv_freq = c.rope_inv_freq()  # [D/2]
+        k, v = self._keys_values(x, positions, inv_freq)  # [B, T, K, D]
+        cache = cache.write_layer(layer, k, v, counts)
+        q = self._queries(x, positions, inv_freq)  # [B, T, H, D]
+        k_pages, v_pages = cache.layer_pages(layer)  # [K, N, P, D]
+        held = cache.lengths + counts  # [B] this call's tokens included
+        if t == 1:
+            out = paged_decode_attention(q[:, 0], k_pages, v_pages, cache.block_table, held,
+                                         impl=impl)[:, None]  # [B, 1, H, D]
+        else:
+            out = paged_attention_xla(q, k_pages, v_pages, cache.block_table, held, counts)
+        return self.o_proj(out.reshape(b, t, c.num_attention_heads * c.head_dim)), cache
+
+
 def take_rows(a: jax.Array, rows: jax.Array) -> jax.Array:
     """``a[b, rows[b]]`` for every b, keeping a length-1 axis: [B, T, ...] -> [B, 1, ...]."""
     index = rows.astype(jnp.int32).reshape(-1, 1, *([1] * (a.ndim - 2)))
@@ -319,6 +343,11 @@ class Qwen2DecoderLayer(nnx.Module):
         if rows is not None:  # only these tokens go on: [B, 1, E]
             x = take_rows(x, rows)
         return self._mlp_block(x, h), layer_cache
+
+    def decode_paged(self, x, positions, counts, cache, layer, impl="auto"):
+        h, cache = self.self_attn.decode_paged(self.input_layernorm(x), positions, counts,
+                                               cache, layer, impl)
+        return self._mlp_block(x, h), cache
 
 
 @flax.struct.dataclass
@@ -496,6 +525,22 @@ class Qwen2Model(nnx.Module):
         )
         return self.norm(x), new_cache
 
+    def decode_paged(self, tokens: jax.Array, positions: jax.Array, counts: jax.Array,
+                     cache: PagedKVCache, impl: str = "auto") -> tuple[jax.Array, PagedKVCache]:
+        """The final normed hidden states [B, T, E] of right-padded ``tokens`` [B, T]
+        (``counts [B]`` real per row, ``positions`` from ``cache.lengths``) appended to each
+        row's blocks of a per-layer ``PagedKVCache``, and the cache with its lengths moved on.
+        A row with ``counts[b] == 0`` writes nothing (a finished episode, a padding row)."""
+        if self.stacked or cache.stacked:
+            raise ValueError("the paged decode runs a per-layer model (per_layer) on a "
+                             "per-layer PagedKVCache")
+        counts = counts.astype(jnp.int32)
+        _, x = self._embed(tokens, None)  # [B, T, E]
+        for i, layer in enumerate(self.layers):
+            x, cache = layer.decode_paged(x, positions, counts, cache, i, impl)
+            x = self._constrain(x)
+        return self.norm(x), cache.advance(counts)
+
     def _decode_stacked(self, x, positions, attn_mask, kv, index, blocks, last_blocks, rows):
         """``decode``'s layers, stacked: one ``lax.fori_loop`` over the stacked cache ``kv``
         ([L, B, ...] keys and values; None: no cache); with ``rows`` the last layer after it."""
@@ -590,6 +635,16 @@ class Qwen2ForCausalLM(nnx.Module):
         # [B, T, E], or [B, 1, E] with logits_at
         x, new_cache = self.model.decode(tokens, positions, attention_mask, cache, logits_at)
         return self.logits(x), new_cache
+
+    def decode_paged(self, tokens: jax.Array, positions: jax.Array, counts: jax.Array,
+                     cache: PagedKVCache, *, logits_at: jax.Array | None = None,
+                     impl: str = "auto") -> tuple[jax.Array, PagedKVCache]:
+        """``Qwen2Model.decode_paged`` then the output head: logits [B, T, V] float32, or
+        [B, 1, V] at ``logits_at [B]``, and the cache with the tokens in it."""
+        x, cache = self.model.decode_paged(tokens, positions, counts, cache, impl)
+        if logits_at is not None:
+            x = take_rows(x, logits_at)
+        return self.logits(x), cache
 
     def logits(self, x: jax.Array) -> jax.Array:
         """The output head on final hidden states: [..., E] -> [..., V] float32. With

@@ -12,7 +12,8 @@ from ragen_jax.rollout.batch import RolloutBatch
 from ragen_jax.rollout.config import RolloutConfig
 from ragen_jax.rollout.context import ChatFormat, ContextConfig, parse_response
 from ragen_jax.rollout.env_driver import env_functions
-from ragen_jax.rollout.sampler import SampleOutput, Sampler, SamplingParams, bucket_length
+from ragen_jax.rollout.sampler import Sampler, bucket_length
+from ragen_jax.rollout.sampling import SampleOutput, SamplingParams
 from ragen_jax.rollout.scripted import RandomActionPolicy, ScriptedPolicy
 
 __all__ = [

@@ -73,7 +73,7 @@ from ragen_jax.rollout.env_driver import (
     TurnActions,
     row_state,
 )
-from ragen_jax.rollout.sampler import SampleOutput, SamplingParams
+from ragen_jax.rollout.sampling import SampleOutput, SamplingParams
 from ragen_jax.rollout.stop_strings import StopAutomaton, stop_automaton
 from ragen_jax.rollout.window import ContextWindow, WindowPrompt
 

@@ -24,7 +24,7 @@ import functools
 from typing import Any
 
 from ragen_jax.rollout.context import ContextConfig
-from ragen_jax.rollout.sampler import SamplingParams
+from ragen_jax.rollout.sampling import SamplingParams
 from ragen_jax.rollout.window import MODES, OVERLONG
 
 frozen = dataclasses.dataclass(frozen=True, kw_only=True)
@@ -117,10 +117,15 @@ class SamplerConfig:
     prompt_pad_multiple: int = 64  # a turn's prompts (and the rollout batch's length) are padded to a multiple of this (bounds recompiles)
     cache_multiple: int = 0  # the KV cache grows to a multiple of this; 0 = powers of two
     share_prompt_cache: bool = True  # a group's common first prompt is held once in the KV cache and attended in place by its rows (exact); False: copied to every row
+    paged: bool = False  # a paged KV cache: each row writes at its own length into blocks, decode attention reads only the blocks rows hold, a group's first prompt is held in blocks its rows share (same tokens as the dense cache)
+    kv_blocks: int = 0  # with paged: blocks in the pool (0 = enough for every row's longest episode)
+    kv_block_size: int = 16  # with paged: tokens per block
 
     def __post_init__(self):
         _require("rollout.sampler", self, "prompt_pad_multiple", self.prompt_pad_multiple >= 1, ">= 1")
         _require("rollout.sampler", self, "cache_multiple", self.cache_multiple >= 0, ">= 0")
+        _require("rollout.sampler", self, "kv_blocks", self.kv_blocks >= 0, ">= 0")
+        _require("rollout.sampler", self, "kv_block_size", self.kv_block_size >= 1, ">= 1")
 
 
 @frozen

@@ -34,7 +34,6 @@ import dataclasses
 import functools
 from collections.abc import Sequence
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -47,58 +46,18 @@ from ragen_jax.models.copies import (
     per_layer,
 )
 from ragen_jax.models.kv_cache import KVCache, positions_from_mask
+from ragen_jax.models.paged_cache import DEFAULT_BLOCK_SIZE, BlockAllocator
 from ragen_jax.models.qwen import Qwen2ForCausalLM
+from ragen_jax.rollout.paged_sampling import (
+    PagedState,
+    empty_pages,
+    first_turn_plan,
+    generate_paged_jit,
+    next_turn_plan,
+)
+from ragen_jax.rollout.sampling import SampleOutput, SamplingParams, sample_token
 from ragen_jax.rollout.stop_strings import StopAutomaton
 from ragen_jax.shapes import HighWater, round_up
-
-_NEG_INF = float("-inf")
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplingParams:
-    """Static decoding settings (each distinct value compiles once).
-
-    temperature: 0 means greedy. top_k: 0 means off. top_p: 1.0 means off. Ties at the top-k
-    or top-p threshold are kept (so slightly more than k tokens can survive on exact ties).
-    """
-
-    max_new_tokens: int = 64
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-
-    def __post_init__(self):
-        if self.max_new_tokens < 1:
-            raise ValueError("max_new_tokens must be >= 1")
-        if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"bad sampling params {self}")
-
-
-@flax.struct.dataclass
-class SampleOutput:
-    """The result of one ``Sampler`` call (device arrays)."""
-
-    tokens: jax.Array  # [B, N] int32 generated tokens; pad_id after a sequence ends
-    mask: jax.Array  # [B, N] bool: token was generated (stop token included)
-    logprobs: jax.Array  # [B, N] float32 under the sampling distribution; 0 where masked
-    model_logprobs: jax.Array  # [B, N] float32 log_softmax(logits / T); 0 where masked
-    lengths: jax.Array  # [B] int32 generated tokens per sequence
-    steps: jax.Array  # [] int32 decode steps run (= cache slots used after the prompt)
-    prompt_tokens: jax.Array  # [B, P] the bucketed (left-padded) prompt chunk
-    prompt_mask: jax.Array  # [B, P] bool
-    cache: KVCache  # the cache after this turn (prompt and generated tokens in it)
-
-    def slots(self) -> tuple[jax.Array, jax.Array]:
-        """The turn's cache slots as ``(tokens, mask)`` of shape ``[B, P + steps]``.
-
-        Appending these per turn gives the trajectory's slot sequence; a full forward pass over
-        it with ``attention_mask = mask`` and ``positions_from_mask(mask)`` recomputes
-        ``model_logprobs`` (generated token ``i`` is predicted at slot ``P - 1 + i``).
-        """
-        steps = int(self.steps)
-        tokens = jnp.concatenate([self.prompt_tokens, self.tokens[:, :steps]], axis=1)
-        mask = jnp.concatenate([self.prompt_mask, self.mask[:, :steps]], axis=1)
-        return tokens, mask
 
 
 def bucket_length(n: int, minimum: int = 16, multiple: int | None = None) -> int:
@@ -134,45 +93,6 @@ def pad_prompts(prompts, mask=None, *, bucket: int | None = None, pad_id: int = 
             tokens[i, size - len(r):] = r
             valid[i, size - len(r):] = True
     return tokens, valid
-
-
-def _filter_logits(logits, sp: SamplingParams):
-    """Applies temperature, top-k, top-p; returns the (masked) logits to sample from."""
-    x = logits / sp.temperature
-    if sp.top_k and sp.top_k < x.shape[-1]:
-        top_vals, _ = jax.lax.top_k(x, sp.top_k)  # [B, k], sorted descending
-        x = jnp.where(x < top_vals[:, -1:], _NEG_INF, x)
-        sorted_x = top_vals
-    else:
-        sorted_x = -jnp.sort(-x, axis=-1) if sp.top_p < 1.0 else None
-    if sp.top_p < 1.0:
-        probs = jax.nn.softmax(sorted_x, axis=-1)
-        mass_before = jnp.cumsum(probs, axis=-1) - probs
-        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-        keep = mass_before < sp.top_p
-        threshold = jnp.min(jnp.where(keep, sorted_x, jnp.inf), axis=-1, keepdims=True)
-        x = jnp.where(x < threshold, _NEG_INF, x)
-    return x
-
-
-def sample_token(logits, key, sp: SamplingParams):
-    """One token per row from ``logits[B, V]``: (token, logprob, model_logprob). ``key`` is
-    one key for the batch or ``[B]`` keys, one per row (a row's draw then does not depend on
-    which other rows share the batch: a multi-process rollout equals a single-process one)."""
-    if sp.temperature == 0:
-        lp = jax.nn.log_softmax(logits, axis=-1)
-        tok = jnp.argmax(logits, axis=-1)
-        chosen = jnp.take_along_axis(lp, tok[:, None], axis=-1)[:, 0]
-        return tok.astype(jnp.int32), chosen, chosen
-    model_lp = jax.nn.log_softmax(logits / sp.temperature, axis=-1)
-    x = _filter_logits(logits, sp)
-    if key.ndim:
-        tok = jax.vmap(lambda k, row: jax.random.categorical(k, row))(key, x)
-    else:
-        tok = jax.random.categorical(key, x, axis=-1)
-    samp_lp = jax.nn.log_softmax(x, axis=-1)
-    pick = lambda a: jnp.take_along_axis(a, tok[:, None], axis=-1)[:, 0]  # noqa: E731
-    return tok.astype(jnp.int32), pick(samp_lp), pick(model_lp)
 
 
 def prefill_tokens_by_default() -> int:
@@ -362,13 +282,19 @@ class Sampler:
     rollout's whole episode, ``episode_slots(rollout)``), so a run's turns after the first
     share one cache shape, compiled once, whatever lengths the answers take; None: to the
     next power of two (or multiple of ``cache_multiple``) each time.
+    ``paged``: the paged KV cache instead (``paged_sampling``; same tokens): pools of
+    ``kv_blocks`` blocks of ``block_size`` tokens (0: enough for every row at
+    ``max_row_tokens``, default ``episode_slots`` or 4096), decode attention by
+    ``paged_impl`` (``paged_attention.PAGED_IMPLS``).
     """
 
     def __init__(self, model: Qwen2ForCausalLM, *, pad_id: int = 0, min_bucket: int = 16,
                  bucket_multiple: int | None = None, share_prompts: bool = True,
                  cache_multiple: int | None = None, layout: bool | None = None,
                  group_prefix: bool = True, compiler_options: dict | None = None,
-                 prefill_tokens: int | None = None, episode_slots: int | None = None):
+                 prefill_tokens: int | None = None, episode_slots: int | None = None,
+                 paged: bool = False, kv_blocks: int = 0, block_size: int = DEFAULT_BLOCK_SIZE,
+                 max_row_tokens: int | None = None, paged_impl: str = "auto"):
         # ``layout``: decode in ``decode_layout`` (default: on the CPU); decided once, here.
         self.layout = decode_layout_by_default() if layout is None else layout
         self.prefill_tokens = prefill_tokens_by_default() if prefill_tokens is None else int(
@@ -383,6 +309,12 @@ class Sampler:
         self.cache_multiple = cache_multiple
         self.group_prefix = group_prefix
         self.episode_slots = episode_slots
+        # The paged cache (``paged_sampling``): pools of ``kv_blocks`` blocks (0: enough for
+        # every row at ``max_row_tokens``) of ``block_size`` tokens, rows of at most
+        # ``max_row_tokens`` tokens (default: ``episode_slots``, else 4096).
+        self.paged, self.kv_blocks, self.block_size = paged, int(kv_blocks), int(block_size)
+        self.max_row_tokens = int(max_row_tokens or episode_slots or 4096)
+        self.paged_impl = paged_impl
         # Prompt buckets that never shrink, per kind of call (a first turn or a continuation;
         # shared by every batch size, so that a run's first validation, which plays many
         # levels, sets the training's first-turn bucket too): ``ragen_jax.shapes.HighWater``;
@@ -393,9 +325,11 @@ class Sampler:
     def for_rollout(cls, model: Qwen2ForCausalLM, rollout, *, pad_id: int = 0) -> Sampler:
         """The sampler a ``RolloutConfig`` asks for (prompt buckets, cache growth, group
         prefix): the trainer's and evaluation's, built in one place."""
-        return cls(model, pad_id=pad_id, bucket_multiple=rollout.sampler.prompt_pad_multiple,
-                   cache_multiple=rollout.sampler.cache_multiple or None,
-                   group_prefix=rollout.sampler.share_prompt_cache, episode_slots=episode_slots(rollout))
+        s = rollout.sampler
+        return cls(model, pad_id=pad_id, bucket_multiple=s.prompt_pad_multiple,
+                   cache_multiple=s.cache_multiple or None, group_prefix=s.share_prompt_cache,
+                   episode_slots=episode_slots(rollout), paged=s.paged, kv_blocks=s.kv_blocks,
+                   block_size=s.kv_block_size)
 
     def update(self, model: Qwen2ForCausalLM) -> None:
         """Uses ``model``'s current parameters from now on."""
@@ -464,7 +398,9 @@ class Sampler:
         if np.any(act & ~valid.any(axis=1)):
             raise ValueError("every active sequence needs at least one real prompt token")
         expand, grouped = None, False
-        if cache is None:
+        if self.paged:
+            pass  # its own prompt sharing and cache (``_paged``)
+        elif cache is None:
             tokens, valid, expand, grouped = self._shared_prompts(tokens, valid, act)
             # A group prefix: its rows' own slots hold the rest.
             size = tokens.shape[1] + (0 if grouped else n)
@@ -473,12 +409,39 @@ class Sampler:
             cache = self._with_room(cache, b, tokens.shape[1] + n)
         budget = np.full((b,), n, np.int32) if max_new is None else np.minimum(
             np.asarray(max_new, np.int32), n)
+        table = None if stop_strings is None else stop_strings.device_table(self.config.vocab_size)
+        if self.paged:
+            return self._paged(tokens, valid, act, budget, cache, key, params,
+                               stop_rows(stop_tokens, b), table)
         run = generate_jit(expand is not None, self.options)
         # Host arrays go to the jitted call as they are (its C++ path moves them).
-        table = None if stop_strings is None else stop_strings.device_table(self.config.vocab_size)
         return run(self.graph, self.state, cache, tokens, valid, stop_rows(stop_tokens, b),
                    budget, act, key, expand, table, sp=params, pad_id=self.pad_id,
                    group_prefix=bool(grouped), prefill_tokens=self.prefill_tokens)
+
+    def _paged(self, tokens: np.ndarray, valid: np.ndarray, active: np.ndarray,
+               budget: np.ndarray, cache: PagedState | None, key: jax.Array,
+               params: SamplingParams, stop: np.ndarray, stop_table) -> SampleOutput:
+        """``__call__`` on the paged cache (``paged_sampling``): the host plans the blocks,
+        one jitted program prefills and decodes; the output's ``cache`` is a ``PagedState``."""
+        b = tokens.shape[0]
+        if cache is None:
+            rows, rows_valid, expand, _ = self._shared_prompts(tokens, valid, active)
+            per_row = -(-self.max_row_tokens // self.block_size)
+            blocks = self.kv_blocks or b * per_row
+            allocator = BlockAllocator(blocks, self.block_size, b, per_row)
+            state = PagedState(empty_pages(self.config, b, blocks, per_row, self.block_size),
+                               allocator, np.zeros(b, bool))
+            plan = first_turn_plan(allocator, rows, rows_valid, expand, budget, active)
+        else:
+            if not isinstance(cache, PagedState) or cache.allocator.table.shape[0] != b:
+                raise ValueError(f"a paged sampler continues its own PagedState of {b} rows")
+            state = cache
+            plan = next_turn_plan(state, tokens, valid, budget, active)
+        run = generate_paged_jit(self.options)
+        out = run(self.graph, self.state, state.cache, dataclasses.asdict(plan), stop, budget,
+                  active, key, stop_table, sp=params, pad_id=self.pad_id, impl=self.paged_impl)
+        return out.replace(cache=PagedState(out.cache, state.allocator, state.released))
 
     def _bucketed(self, prompts, mask, bucket: int | None, *, first: bool
                   ) -> tuple[np.ndarray, np.ndarray]:

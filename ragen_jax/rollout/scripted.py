@@ -17,7 +17,8 @@ import numpy as np
 
 from ragen_jax.rollout.context import ChatFormat, ContextConfig
 from ragen_jax.rollout.env_driver import env_functions, row_state
-from ragen_jax.rollout.sampler import SampleOutput, SamplingParams, pad_prompts
+from ragen_jax.rollout.sampler import pad_prompts
+from ragen_jax.rollout.sampling import SampleOutput, SamplingParams
 from ragen_jax.rollout.stop_strings import StopAutomaton
 
 # script(row, call_index, prompt_ids, env_state) -> the row's answer token ids

@@ -375,14 +375,17 @@ def interleave(x: jax.Array, parts: int) -> jax.Array:
 
 def mini_batch_epochs(step: Callable, params: Any, rest: Any, opt_state: Any, batch: Any,
                       learning_rate: jax.Array, *, epochs: int, mini_batch_size: int,
-                      prefixes: Prefixes | None = None) -> tuple[Any, Any, dict[str, jax.Array]]:
+                      prefixes: Prefixes | None = None, live: jax.Array | None = None
+                      ) -> tuple[Any, Any, dict[str, jax.Array]]:
     """``epochs`` passes over ``batch`` in mini-batches of ``mini_batch_size`` rows, one
     ``step`` (from ``make_optimizer_step``) each, as a ``lax.scan`` (RAGEN: 1 epoch, mini-batches of
     32 trajectories, no shuffling). Mini-batch ``i`` holds every ``n``-th row from row ``i``
     (``interleave``), not a consecutive block: the same unshuffled partition up to row order,
-    which keeps every mini-batch on all data shards. Traceable. Returns the new params and
-    optimizer state and the metrics averaged over the steps (plus
-    ``train/num_mini_batches``)."""
+    which keeps every mini-batch on all data shards. ``live`` ([] int32, traced): only the
+    first ``live`` mini-batches are stepped, the others (padding rows, ``rows.arrange_rows``)
+    skipped, the optimizer state untouched by them (a step on a zero gradient would still move
+    Adam's moments). Traceable. Returns the new params and optimizer state and the metrics
+    averaged over the steps taken (plus ``train/num_mini_batches``)."""
     size = jax.tree.leaves(batch)[0].shape[0]
     if size % mini_batch_size:
         raise ValueError(f"update: batch of {size} rows is not divisible by mini_batch_size "
@@ -390,14 +393,30 @@ def mini_batch_epochs(step: Callable, params: Any, rest: Any, opt_state: Any, ba
     n = size // mini_batch_size
     minis = jax.tree.map(lambda x: interleave(x, n), batch)
 
-    def one(carry, i):
+    def run(carry, i):
         params, opt_state = carry
         part = jax.tree.map(lambda x: x[i], minis)
         params, opt_state, metrics = step(params, rest, opt_state, part, learning_rate, prefixes)
         return (params, opt_state), metrics
 
+    one = run
+    if live is not None:
+        shapes = jax.eval_shape(run, (params, opt_state), 0)[1]
+
+        def one(carry, i):
+            skip = lambda carry, i: (carry, jax.tree.map(  # noqa: E731
+                lambda x: jnp.zeros(x.shape, x.dtype), shapes))
+            return jax.lax.cond(i < live, run, skip, carry, i)
+
     order = jnp.tile(jnp.arange(n), epochs)
     (params, opt_state), history = jax.lax.scan(one, (params, opt_state), order)
-    metrics = jax.tree.map(lambda x: jnp.mean(x, axis=0), history)
-    metrics["train/num_mini_batches"] = jnp.float32(n * epochs)
+    if live is None:
+        metrics = jax.tree.map(lambda x: jnp.mean(x, axis=0), history)
+        metrics["train/num_mini_batches"] = jnp.float32(n * epochs)
+    else:  # the skipped steps' zeros left out
+        taken = (order < live).astype(jnp.float32)
+        count = jnp.sum(taken)
+        metrics = jax.tree.map(lambda x: jnp.tensordot(taken, x, 1) / jnp.maximum(count, 1.0),
+                               history)
+        metrics["train/num_mini_batches"] = count
     return params, opt_state, metrics

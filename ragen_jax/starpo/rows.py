@@ -11,8 +11,10 @@ Read top to bottom, an iteration (``Trainer.train_step``) is:
    one exchange, ``_agree``, of every process's row count and widths: they depend on which
    rows were kept; ``_fit_widths``), ``_pad_rows`` (copies of kept rows up to a common count, RAGEN's
    ``batch_adjust_mode=copy``), ``_cut_tokens`` (the rows at the common width),
-   ``_share_prefixes`` and ``_place`` (every process's prefix and episode tables, and its
-   rows as its shard of global arrays).
+   ``_share_prefixes``, ``arrange_rows`` (the rows among as many as the update was compiled
+   for, the ``update/rows`` mark: padding rows in whole mini-batches that it skips) and
+   ``_place`` (every process's prefix and episode tables, and its rows as its shard of
+   global arrays).
 
 A row is a trajectory (``sample_unit="trajectory"``: the rollout's transcript rows) or a
 turn (``"turn"``: ``RolloutBatch.turn_samples()``, each turn's prompt then its answer, with
@@ -184,6 +186,9 @@ def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
         return None
     rows, weights, count, widths = chosen
     rows = _pad_rows(rows, count, rng)
+    # The update's row count is a mark too: a step that keeps fewer rows than an earlier
+    # one (a filter, an env error) trains on as many, the rest padding (``arrange_rows``).
+    static = marks.fit("update/rows", count)
     tokens = _cut_tokens(src.rows, rows, weights, widths["update/width"], turns is not None)
     prefixes = None
     if prefix_lengths is not None:
@@ -197,6 +202,7 @@ def build_step_batch(batch: RolloutBatch, keep: np.ndarray, weights: np.ndarray,
         prefix_index=None if prefixes is None else group_ids,
         episode_index=None if src.episode_index is None else src.episode_index[rows],
         short_width=split)
+    local = arrange_rows(local, count, static, settings.mini_batch_size)
     return _place(local, prefixes, src.episodes, mesh)
 
 
@@ -252,9 +258,70 @@ def _choose(src: _Source, prefix_lengths: np.ndarray | None, settings: RowSettin
     count = agreed.pop("rows")
     if count == 0:
         return None
-    multiple = math.lcm(settings.mini_batch_size, mesh.shape["data"] * mesh.shape["fsdp"])
-    per = multiple // math.gcd(multiple, jax.process_count())  # this process's part of it
+    per = row_multiple(settings, mesh)
     return rows, weights, -(-count // per) * per, _fit_widths(marks, agreed, settings.pad_multiple)
+
+
+def row_multiple(settings: RowSettings, mesh: Mesh) -> int:
+    """What every process's row count is a multiple of: its part of the least common
+    multiple of the mini-batch size and the data-parallel device count (so that both divide
+    the global batch)."""
+    multiple = math.lcm(settings.mini_batch_size, mesh.shape["data"] * mesh.shape["fsdp"])
+    return multiple // math.gcd(multiple, jax.process_count())
+
+
+def most_rows(rows: int, settings: RowSettings, mesh: Mesh) -> int:
+    """The row count (per process) an update of at most ``rows`` rows per process is
+    compiled for: ``rows`` rounded up to ``row_multiple``. The trainer starts the
+    ``update/rows`` mark there (every trajectory, or every turn of the longest episodes), so
+    that no step's filter or env errors compile an update of its own."""
+    per = row_multiple(settings, mesh)
+    return -(-rows // per) * per
+
+
+# Padding rows are copies of the first live row (real tokens, valid indices: the whole-batch
+# passes read them without a fully masked row) that no loss, group or bucket sees.
+_ROW_FIELDS = ("input_ids", "attention_mask", "positions", "loss_mask", "sampler_logp",
+               "token_rewards", "turn_end", "scores", "group_ids", "bucket_ids",
+               "advantage_scale", "prefix_index", "episode_index", "turn_ids")
+_PADDING = {"loss_mask": 0.0, "advantage_scale": 0.0, "scores": 0.0, "group_ids": -1,
+            "bucket_ids": -1}
+
+
+def static_positions(live: int, static: int, mini_batch_size: int) -> np.ndarray:
+    """Where each of ``live`` rows goes among ``static`` (both multiples of
+    ``mini_batch_size``) so that the update's mini-batches (``optimizer_step.interleave``)
+    are those of the ``live`` rows alone, then mini-batches of padding only: live row
+    ``j * n + i`` (mini-batch ``i`` of ``n = live / mini_batch_size``, its ``j``-th row) goes to
+    row ``j * m + i`` (``m = static / mini_batch_size``).  # [live] int64"""
+    n, m = live // mini_batch_size, static // mini_batch_size
+    r = np.arange(live)
+    return (r // n) * m + r % n
+
+
+def arrange_rows(local: StepBatch, count: int, static: int, mini_batch_size: int) -> StepBatch:
+    """This process's ``count`` rows as its share of a batch of ``static`` rows per process
+    (``static_positions`` over every process's rows, so rows may change process; padding
+    rows ``_PADDING``), with ``live_mini_batches``: how many of the update's mini-batches hold
+    live rows (the rest it skips). Unchanged when ``static == count``."""
+    p, k = jax.process_index(), jax.process_count()
+    fields = {f.name: getattr(local, f.name) for f in dataclasses.fields(local)
+              if f.name in _ROW_FIELDS and getattr(local, f.name) is not None}
+    live = k * count // mini_batch_size
+    if static == count:
+        return local.replace(live_mini_batches=np.int32(live))
+    every = dist.allgather_rows(fields)  # [k * count, ...], processes in order
+    where = static_positions(k * count, k * static, mini_batch_size)
+    mine = slice(p * static, (p + 1) * static)
+    out = {}
+    for name, x in every.items():
+        full = np.repeat(x[:1], k * static, axis=0)
+        if name in _PADDING:
+            full[:] = _PADDING[name]
+        full[where] = x
+        out[name] = full[mine]
+    return local.replace(**out, live_mini_batches=np.int32(live))
+
 
 
 def _widths(rows: Any, chosen: np.ndarray, prefix_lengths: np.ndarray | None) -> dict[str, int]:
@@ -350,8 +417,9 @@ def _place(local: StepBatch, table: tuple[np.ndarray, np.ndarray] | None,
         episodes = Episodes(every["scores"], every["group_ids"], None if turns is None else
                             TurnTable(every["rewards"], every["penalties"], every["anchors"],
                                       every["played"]))
-    return jax.tree.map(lambda x: dist.global_rows(x, mesh), local).replace(
-        prefixes=prefixes, episodes=episodes)
+    live = dist.replicated(np.asarray(local.live_mini_batches, np.int32), mesh)
+    return jax.tree.map(lambda x: dist.global_rows(x, mesh), local.replace(live_mini_batches=None)
+                        ).replace(prefixes=prefixes, episodes=episodes, live_mini_batches=live)
 
 
 def calibrate_widths(marks: HighWater, batch: RolloutBatch, rows: np.ndarray,

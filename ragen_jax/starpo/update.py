@@ -60,6 +60,7 @@ from ragen_jax.starpo.optimizer_step import (
     TrainBatch,
     UpdateConfig,
     critic_objective,
+    interleave,
     learning_rate,
     make_optimizer,
     make_optimizer_step,
@@ -131,6 +132,11 @@ class StepBatch:
     # GiGPO (``estimators.NEEDS_TURNS``): the 1-based turn of each token (0 on padding); rows
     # of either unit then carry ``episode_index`` and ``episodes`` with its turn table.
     turn_ids: jax.Array | None = None  # [B, L] int32
+    # How many of the update's mini-batches hold live rows (``rows.arrange_rows``): the row
+    # count is a high-water mark, so a step that keeps fewer rows than an earlier one trains
+    # on padding rows (loss mask 0, group and bucket -1) gathered in the last mini-batches,
+    # which every pass skips. None: every row is live.
+    live_mini_batches: jax.Array | None = None  # [] int32
     # Static: all rows of each mini-batch but its longest micro-batch's worth fit in this many
     # slots (``update.long_rows_apart``); None: every micro-batch at the full width.
     short_width: int | None = flax.struct.field(pytree_node=False, default=None)
@@ -199,7 +205,7 @@ def _jitted_update(s: StepSettings, actor_graph: Any, critic_graph: Any, mesh: M
             return token_logprobs(model, rows.input_ids, rows.attention_mask, rows.positions,
                                   s.actor.temperature, loss_mask=rows.loss_mask,
                                   prefix=rows_prefix(shared, batch.prefixes, rows.prefix_index))[0]
-        return _chunked(one, batch, chunk)
+        return _chunked(one, batch, chunk, s.mini_batch_size)
 
     old_logprobs = logprobs if s.recompute_logprobs else (lambda trained, rest, batch: batch.sampler_logp)
     reference = {None: None,
@@ -211,7 +217,8 @@ def _jitted_update(s: StepSettings, actor_graph: Any, critic_graph: Any, mesh: M
     def update(state: TrainState, batch: StepBatch, actor_rest, critic_rest, train_actor: bool,
                analyse_gradients: bool):
         mask = batch.loss_mask > 0
-        metrics = {"critic/score_mean": jnp.mean(batch.scores)}
+        # (padding rows, ``StepBatch.live_mini_batches``, are in no group)
+        metrics = {"critic/score_mean": masked_mean(batch.scores, batch.group_ids >= 0)}
         old_logp = old_logprobs(state.actor, actor_rest, batch)
         if s.recompute_logprobs:
             metrics["rollout/logprob_gap"] = masked_mean(jnp.abs(old_logp - batch.sampler_logp), mask)
@@ -220,7 +227,8 @@ def _jitted_update(s: StepSettings, actor_graph: Any, critic_graph: Any, mesh: M
             metrics["rollout/ref_kl"] = masked_mean(old_logp - ref_logp, mask)
         values = None
         if critic_step is not None:
-            values = _critic_values(critic_graph, state.critic, critic_rest, batch, chunk)
+            values = _critic_values(critic_graph, state.critic, critic_rest, batch, chunk,
+                                    s.mini_batch_size)
         adv, returns = step_advantages(s.advantages, batch, values)
         # A scale on the loss mask would cancel in token-mean aggregation; on the advantages
         # it is what RAGEN's filter_loss_scaling does.
@@ -240,7 +248,8 @@ def _jitted_update(s: StepSettings, actor_graph: Any, critic_graph: Any, mesh: M
             actor, actor_opt, actor_metrics = mini_batch_epochs(
                 actor_step, state.actor, actor_rest, state.actor_opt,
                 rows.replace(short_width=batch.short_width), lr,
-                epochs=s.epochs, mini_batch_size=s.mini_batch_size, prefixes=batch.prefixes)
+                epochs=s.epochs, mini_batch_size=s.mini_batch_size, prefixes=batch.prefixes,
+                live=batch.live_mini_batches)
             state = state.replace(actor=actor, actor_opt=actor_opt)
             metrics |= actor_metrics | {"actor/lr": lr}
         return state.replace(step=state.step + 1), metrics
@@ -278,7 +287,8 @@ def step_advantages(settings: AdvantageSettings, batch: StepBatch, values: jax.A
         batch.token_rewards, mask, batch.turn_end, batch.scores, batch.group_ids), values)
 
 
-def _critic_values(graphdef: Any, params: Any, rest: Any, batch: StepBatch, chunk: int) -> jax.Array:
+def _critic_values(graphdef: Any, params: Any, rest: Any, batch: StepBatch, chunk: int,
+                   mini_batch_size: int) -> jax.Array:
     """The critic's values of the batch, ``chunk`` rows per forward pass.  # [B, L]"""
     model = nnx.merge(graphdef, params, rest)
     shared = shared_prefix_arrays(model, batch.prefixes)
@@ -286,7 +296,7 @@ def _critic_values(graphdef: Any, params: Any, rest: Any, batch: StepBatch, chun
     def one(rows):
         return token_values(model, rows.input_ids, rows.attention_mask, rows.positions,
                             rows_prefix(shared, batch.prefixes, rows.prefix_index))
-    return _chunked(one, batch, chunk)
+    return _chunked(one, batch, chunk, mini_batch_size)
 
 
 def _train_critic(s: StepSettings, step: Callable, state: TrainState, rest: Any,
@@ -297,22 +307,38 @@ def _train_critic(s: StepSettings, step: Callable, state: TrainState, rest: Any,
                        batch.loss_mask, old_values, returns, batch.prefix_index)
     params, opt, metrics = mini_batch_epochs(
         step, state.critic, rest, state.critic_opt, rows, learning_rate(s.critic, state.step),
-        epochs=s.epochs, mini_batch_size=s.mini_batch_size, prefixes=batch.prefixes)
+        epochs=s.epochs, mini_batch_size=s.mini_batch_size, prefixes=batch.prefixes,
+        live=batch.live_mini_batches)
     metrics = {k: v for k, v in metrics.items() if k.startswith("critic/")}
     metrics["critic/values_mean"] = masked_mean(old_values, batch.loss_mask > 0)
     return state.replace(critic=params, critic_opt=opt), metrics
 
 
-def _chunked(fn: Callable[[StepBatch], jax.Array], batch: StepBatch, chunk: int) -> jax.Array:
-    """``fn`` over consecutive ``chunk``-row slices of the batch (bounded activation memory),
-    concatenated back to ``[B, L]``. The prefix table is not sliced (``fn`` gets it as None)."""
-    batch = batch.replace(prefixes=None, episodes=None)
+def _chunked(fn: Callable[[StepBatch], jax.Array], batch: StepBatch, chunk: int,
+             mini_batch_size: int) -> jax.Array:
+    """``fn`` over the batch ``chunk`` rows at a time (bounded activation memory), back in
+    row order as ``[B, L]``. Chunk ``c`` of ``n`` holds rows ``c, c + n, ...`` (``interleave``:
+    on every data shard, like the mini-batches); with padding rows
+    (``StepBatch.live_mini_batches``) they fill whole chunks, which are skipped (zeros). The
+    prefix table is not sliced (``fn`` gets it as None)."""
+    live = batch.live_mini_batches
+    batch = batch.replace(prefixes=None, episodes=None, live_mini_batches=None)
     rows = batch.input_ids.shape[0]
     if rows % chunk:
         chunk = rows
-    parts = jax.tree.map(lambda x: x.reshape(rows // chunk, chunk, *x.shape[1:]), batch)
-    out = jax.lax.map(fn, parts)
-    return out.reshape(rows, *out.shape[2:])
+    n = rows // chunk
+    parts = jax.tree.map(lambda x: interleave(x, n), batch)
+    minis = rows // mini_batch_size
+    if live is None or n % minis:
+        out = jax.lax.map(fn, parts)
+    else:
+        # Chunk c holds rows of mini-batch c mod minis only (minis divides n): padding
+        # mini-batches are the last ones, so are these chunks.
+        shape = jax.eval_shape(fn, jax.tree.map(lambda x: x[0], parts))
+        skip = lambda part: jnp.zeros(shape.shape, shape.dtype)  # noqa: E731
+        out = jax.lax.map(lambda xs: jax.lax.cond(xs[0] % minis < live, fn, skip, xs[1]),
+                          (jnp.arange(n), parts))
+    return out.swapaxes(0, 1).reshape(rows, *out.shape[2:])
 
 
 def _gradient_norms(s: StepSettings, graphdef: Any, actor: Any, rest: Any, rows: TrainBatch,
