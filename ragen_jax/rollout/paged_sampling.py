@@ -37,7 +37,7 @@ import numpy as np
 from flax import nnx
 
 from ragen_jax.models.paged_cache import BlockAllocator, OutOfBlocks, PagedKVCache
-from ragen_jax.rollout.sampling import SampleOutput, sample_token
+from ragen_jax.rollout.sampling import Draws, SampleOutput, draw_step
 
 
 @dataclasses.dataclass(eq=False)
@@ -183,48 +183,33 @@ def generate_paged(graph, state, cache: PagedKVCache, plan: dict, stop, budget, 
     expand = plan["expand"]
     cache = cache.replace(block_table=plan["table"], lengths=plan["lengths"])
     logits = logits[expand, 0]  # [B, V]
-    b = expand.shape[0]
 
     def cond(s):
-        step, _, _, done, *_ = s
-        return (step < n) & ~jnp.all(done)
+        step, _, _, draws = s
+        return (step < n) & ~jnp.all(draws.done)
 
     def body(s):
-        step, cache, logits, done, lengths, out_tok, out_lp, out_mlp, text = s
-        step_key = jax.vmap(jax.random.fold_in, (0, None))(key, step) if key.ndim else \
-            jax.random.fold_in(key, step)
-        tok, lp, mlp = sample_token(logits, step_key, sp)
-        emit = ~done  # [B]
-        tok = jnp.where(emit, tok, pad_id)
-        out_tok = out_tok.at[:, step].set(tok)
-        out_lp = out_lp.at[:, step].set(jnp.where(emit, lp, 0.0))
-        out_mlp = out_mlp.at[:, step].set(jnp.where(emit, mlp, 0.0))
-        lengths = lengths + emit
-        is_stop = jnp.any(tok[:, None] == stop, axis=-1)
-        if stop_table is not None:
-            text = jnp.where(emit, stop_table[text, tok], text)
-            is_stop = is_stop | (text == stop_table.shape[0] - 1)
-        done = done | (emit & (is_stop | (lengths >= budget)))
+        step, cache, logits, draws = s
+        tok, emit, draws = draw_step(draws, step, logits, key, stop, budget, stop_table, sp,
+                                     pad_id)
         # The token goes into its row's blocks; a finished row writes nothing.
         new_logits, cache = model.decode_paged(tok[:, None], cache.lengths[:, None],
                                                emit.astype(jnp.int32), cache, impl=impl)
-        return step + 1, cache, new_logits[:, 0], done, lengths, out_tok, out_lp, out_mlp, text
+        return step + 1, cache, new_logits[:, 0], draws
 
-    init = (jnp.zeros((), jnp.int32), cache, logits, ~active | (budget <= 0),
-            jnp.zeros((b,), jnp.int32), jnp.full((b, n), pad_id, jnp.int32),
-            jnp.zeros((b, n), jnp.float32), jnp.zeros((b, n), jnp.float32),
-            jnp.zeros((b,), jnp.int32))
-    step, cache, _, _, lengths, out_tok, out_lp, out_mlp, _ = jax.lax.while_loop(cond, body, init)
-    out_mask = jnp.arange(n)[None, :] < lengths[:, None]
+    init = (jnp.zeros((), jnp.int32), cache, logits,
+            Draws.start(~active | (budget <= 0), n, pad_id))
+    step, cache, _, draws = jax.lax.while_loop(cond, body, init)
+    out_mask = jnp.arange(n)[None, :] < draws.lengths[:, None]
     # The chunks left-padded again, as the dense path's slots: real tokens last.
     rows_counts = counts[expand]
     index = (jnp.arange(p)[None, :] - (p - rows_counts)[:, None]) % p
     prompt_tokens = jnp.take_along_axis(tokens[expand], index, 1)
     prompt_mask = jnp.arange(p)[None, :] >= (p - rows_counts)[:, None]
     prompt_tokens = jnp.where(prompt_mask, prompt_tokens, pad_id)
-    return SampleOutput(tokens=out_tok, mask=out_mask, logprobs=out_lp, model_logprobs=out_mlp,
-                        lengths=lengths, steps=step, prompt_tokens=prompt_tokens,
-                        prompt_mask=prompt_mask, cache=cache)
+    return SampleOutput(tokens=draws.tokens, mask=out_mask, logprobs=draws.logprobs,
+                        model_logprobs=draws.model_logprobs, lengths=draws.lengths, steps=step,
+                        prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, cache=cache)
 
 
 @functools.cache

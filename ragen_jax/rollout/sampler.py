@@ -55,7 +55,7 @@ from ragen_jax.rollout.paged_sampling import (
     generate_paged_jit,
     next_turn_plan,
 )
-from ragen_jax.rollout.sampling import SampleOutput, SamplingParams, sample_token
+from ragen_jax.rollout.sampling import Draws, SampleOutput, SamplingParams, draw_step
 from ragen_jax.rollout.stop_strings import StopAutomaton
 from ragen_jax.shapes import HighWater, round_up
 
@@ -212,48 +212,26 @@ def _generate(graph, state, cache, tokens, mask, stop, budget, active, key, expa
     elif expand is not None:
         cache, logits, tokens, mask = (cache.take(expand), logits[expand], tokens[expand],
                                        mask[expand])
-    b = tokens.shape[0]
 
     def cond(s):
-        step, _, _, done, *_ = s
-        return (step < n) & ~jnp.all(done)
+        step, _, _, draws = s
+        return (step < n) & ~jnp.all(draws.done)
 
     def body(s):
-        step, cache, logits, done, lengths, out_tok, out_lp, out_mlp, text = s
-        step_key = jax.vmap(jax.random.fold_in, (0, None))(key, step) if key.ndim else \
-            jax.random.fold_in(key, step)
-        tok, lp, mlp = sample_token(logits, step_key, sp)
-        emit = ~done  # [B]
-        tok = jnp.where(emit, tok, pad_id)
-        out_tok = out_tok.at[:, step].set(tok)
-        out_lp = out_lp.at[:, step].set(jnp.where(emit, lp, 0.0))
-        out_mlp = out_mlp.at[:, step].set(jnp.where(emit, mlp, 0.0))
-        lengths = lengths + emit
-        is_stop = jnp.any(tok[:, None] == stop, axis=-1)
-        if stop_table is not None:  # one gather per row: the stop-string automaton's step
-            text = jnp.where(emit, stop_table[text, tok], text)
-            is_stop = is_stop | (text == stop_table.shape[0] - 1)
-        done = done | (emit & (is_stop | (lengths >= budget)))
+        step, cache, logits, draws = s
+        tok, emit, draws = draw_step(draws, step, logits, key, stop, budget, stop_table, sp,
+                                     pad_id)
         # Feed the token back (padding slot for finished rows) so the cache holds it.
         new_logits, cache = model(tok[:, None], cache.lengths[:, None], emit[:, None], cache)
-        return step + 1, cache, new_logits[:, 0], done, lengths, out_tok, out_lp, out_mlp, text
+        return step + 1, cache, new_logits[:, 0], draws
 
-    init = (
-        jnp.zeros((), jnp.int32),
-        cache,
-        logits[:, 0],
-        ~active | (budget <= 0),
-        jnp.zeros((b,), jnp.int32),
-        jnp.full((b, n), pad_id, jnp.int32),
-        jnp.zeros((b, n), jnp.float32),
-        jnp.zeros((b, n), jnp.float32),
-        jnp.zeros((b,), jnp.int32),  # each row's stop-string automaton state (unused without)
-    )
-    step, cache, _, _, lengths, out_tok, out_lp, out_mlp, _ = jax.lax.while_loop(cond, body, init)
-    out_mask = jnp.arange(n)[None, :] < lengths[:, None]
-    return SampleOutput(tokens=out_tok, mask=out_mask, logprobs=out_lp, model_logprobs=out_mlp,
-                        lengths=lengths, steps=step, prompt_tokens=tokens, prompt_mask=mask,
-                        cache=cache)
+    init = (jnp.zeros((), jnp.int32), cache, logits[:, 0],
+            Draws.start(~active | (budget <= 0), n, pad_id))
+    step, cache, _, draws = jax.lax.while_loop(cond, body, init)
+    out_mask = jnp.arange(n)[None, :] < draws.lengths[:, None]
+    return SampleOutput(tokens=draws.tokens, mask=out_mask, logprobs=draws.logprobs,
+                        model_logprobs=draws.model_logprobs, lengths=draws.lengths, steps=step,
+                        prompt_tokens=tokens, prompt_mask=mask, cache=cache)
 
 
 @functools.cache

@@ -100,3 +100,48 @@ def sample_token(logits, key, sp: SamplingParams):
     samp_lp = jax.nn.log_softmax(x, axis=-1)
     pick = lambda a: jnp.take_along_axis(a, tok[:, None], axis=-1)[:, 0]  # noqa: E731
     return tok.astype(jnp.int32), pick(samp_lp), pick(model_lp)
+
+
+@flax.struct.dataclass
+class Draws:
+    """A decode loop's per-row state besides the cache: which rows are done, how many tokens
+    each drew, the tokens and their log-probs so far, each row's stop-string automaton state."""
+
+    done: jax.Array  # [B] bool
+    lengths: jax.Array  # [B] int32
+    tokens: jax.Array  # [B, N] int32
+    logprobs: jax.Array  # [B, N] float32
+    model_logprobs: jax.Array  # [B, N] float32
+    text: jax.Array  # [B] int32
+
+    @classmethod
+    def start(cls, done: jax.Array, n: int, pad_id: int) -> Draws:
+        b = done.shape[0]
+        return cls(done, jnp.zeros((b,), jnp.int32), jnp.full((b, n), pad_id, jnp.int32),
+                   jnp.zeros((b, n), jnp.float32), jnp.zeros((b, n), jnp.float32),
+                   jnp.zeros((b,), jnp.int32))
+
+
+def draw_step(draws: Draws, step: jax.Array, logits: jax.Array, key: jax.Array, stop: jax.Array,
+              budget: jax.Array, stop_table: jax.Array | None, sp: SamplingParams, pad_id: int
+              ) -> tuple[jax.Array, jax.Array, Draws]:
+    """One decode step's draw for every row from ``logits [B, V]`` (``key``: one key or ``[B]``
+    keys, folded with ``step``): ``(token [B], emitted [B], draws)``. A row is done after a
+    stop token ``stop [B, K]``, a completed stop string (``stop_table``) or its ``budget``;
+    a done row emits ``pad_id``."""
+    step_key = jax.vmap(jax.random.fold_in, (0, None))(key, step) if key.ndim else \
+        jax.random.fold_in(key, step)
+    tok, lp, mlp = sample_token(logits, step_key, sp)
+    emit = ~draws.done  # [B]
+    tok = jnp.where(emit, tok, pad_id)
+    lengths = draws.lengths + emit
+    is_stop = jnp.any(tok[:, None] == stop, axis=-1)
+    text = draws.text
+    if stop_table is not None:  # one gather per row: the stop-string automaton's step
+        text = jnp.where(emit, stop_table[text, tok], text)
+        is_stop = is_stop | (text == stop_table.shape[0] - 1)
+    return tok, emit, Draws(
+        done=draws.done | (emit & (is_stop | (lengths >= budget))), lengths=lengths,
+        tokens=draws.tokens.at[:, step].set(tok),
+        logprobs=draws.logprobs.at[:, step].set(jnp.where(emit, lp, 0.0)),
+        model_logprobs=draws.model_logprobs.at[:, step].set(jnp.where(emit, mlp, 0.0)), text=text)
